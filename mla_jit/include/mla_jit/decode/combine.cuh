@@ -1,0 +1,93 @@
+// mla_jit decode: combine split-KV partial results by log-sum-exp.
+//
+// Grid (ceil(rows / kCombineRowsPerCta), h_kv, b), block kCombineThreads, no dynamic smem.
+// One warp per query row; each lane owns HEAD_DIM_V / 32 consecutive-by-float4 columns.
+// Batches with exactly one split return at once (the split-KV kernel wrote out/lse);
+// zero-split (empty) batches get out = 0, lse = +inf.
+// Launch with programmatic dependent launch after the split-KV kernel: griddepcontrol.wait
+// precedes every read of data written by earlier kernels.
+#pragma once
+
+#include "common.cuh"
+
+namespace mla_jit {
+namespace decode {
+
+constexpr int kCombineRowsPerCta = 8;
+constexpr int kCombineThreads = kCombineRowsPerCta * 32;
+
+template <typename Element, int HEAD_DIM_V>
+__device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
+  static_assert(HEAD_DIM_V % 128 == 0, "one float4 per lane per 128 columns");
+  constexpr int kVecPerLane = HEAD_DIM_V / 128;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r = blockIdx.x * kCombineRowsPerCta + warp;
+  const int g = blockIdx.y;
+  const int bi = blockIdx.z;
+
+  pdl_wait();  // everything below may read split-KV kernel results
+
+  if (r >= p.rows) return;
+  const int split_begin = p.num_splits[bi];
+  const int nsplit = p.num_splits[bi + 1] - split_begin;
+  if (nsplit == 1) return;  // written directly by the split-KV kernel
+
+  const int s = r / p.q_per_kv;
+  const int h = g * p.q_per_kv + (r - s * p.q_per_kv);
+  Element* out = reinterpret_cast<Element*>(p.out) + ((long long)(bi * p.s_q + s) * p.h_q + h) * HEAD_DIM_V;
+  float* lse_out = p.lse + ((long long)bi * p.h_q + h) * p.s_q + s;
+
+  float acc[kVecPerLane * 4];
+#pragma unroll
+  for (int i = 0; i < kVecPerLane * 4; ++i) acc[i] = 0.f;
+  float lse_final = INFINITY;
+
+  if (nsplit > 1) {
+    // Partial LSEs are in log2 units; -inf marks a split that saw no key for this row.
+    const long long row_stride = (long long)p.h_kv * p.rows;  // between split slots
+    const float* lse_acc = p.lse_accum + (long long)split_begin * row_stride + (long long)g * p.rows + r;
+    float mx = -INFINITY;
+    for (int i = lane; i < nsplit; i += 32) mx = fmaxf(mx, lse_acc[i * row_stride]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float mx_use = (mx == -INFINITY) ? 0.f : mx;
+    float sum = 0.f;
+    for (int i = lane; i < nsplit; i += 32) sum += exp2f(lse_acc[i * row_stride] - mx_use);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const bool any = sum > 0.f;
+    const float lse2 = any ? mx_use + log2f(sum) : INFINITY;
+    lse_final = any ? lse2 * 0.69314718055994530942f : INFINITY;
+
+    if (any) {
+      const float* o_acc = p.o_accum + ((long long)split_begin * row_stride + (long long)g * p.rows + r) * HEAD_DIM_V;
+      const long long o_split_stride = row_stride * HEAD_DIM_V;
+#pragma unroll 2
+      for (int i = 0; i < nsplit; ++i) {
+        const float w = exp2f(lse_acc[i * row_stride] - lse2);  // uniform across the warp
+        if (w != 0.f) {  // skip splits that saw no key (their partial o is 0 anyway)
+          const float4* src = reinterpret_cast<const float4*>(o_acc + i * o_split_stride);
+#pragma unroll
+          for (int j = 0; j < kVecPerLane; ++j) {
+            const float4 v = __ldg(src + j * 32 + lane);
+            acc[j * 4 + 0] += w * v.x;
+            acc[j * 4 + 1] += w * v.y;
+            acc[j * 4 + 2] += w * v.z;
+            acc[j * 4 + 3] += w * v.w;
+          }
+        }
+      }
+    }
+  }
+  if (lane == 0) *lse_out = lse_final;
+#pragma unroll
+  for (int j = 0; j < kVecPerLane; ++j) {
+    uint2 v;
+    v.x = ElemTraits<Element>::pack2(acc[j * 4 + 0], acc[j * 4 + 1]);
+    v.y = ElemTraits<Element>::pack2(acc[j * 4 + 2], acc[j * 4 + 3]);
+    *reinterpret_cast<uint2*>(out + (j * 32 + lane) * 4) = v;
+  }
+}
+
+}  // namespace decode
+}  // namespace mla_jit

@@ -1,0 +1,1 @@
+"""The JIT core: env, arch, render, compile, load, TMA, launch. Knows nothing of kernel families."""

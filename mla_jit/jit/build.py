@@ -1,0 +1,138 @@
+"""Source -> cubin: key, in-process memo, cache lookup, locked compile, atomic publish.
+
+The only place that decides whether to compile. Kernel families hand in a `KernelSource`;
+they never touch the cache or the compilers directly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cache import key as cache_key
+from ..cache import store
+from ..errors import CompileError, OfflineCacheMissError
+from ..log import configure_from_env, logger
+from . import env
+from .arch import ArchPair
+from .compiler import Compiler, get_compiler
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    name: str                       # filesystem-safe, unique per configuration
+    source: str                     # the rendered translation unit
+    entry_points: tuple[str, ...]   # extern "C" kernel names in the cubin
+    arch: ArchPair
+    prewarm_command: str            # the CLI command that builds exactly this kernel
+
+
+@dataclass(frozen=True)
+class Binary:
+    name: str
+    key: str
+    target_arch: str
+    cubin: bytes
+    entry_points: tuple[str, ...]
+    origin: str                     # "compiled", "disk" or "memory"
+    path: Path | None
+    compiler: str
+    log: str
+    compile_seconds: float
+
+
+_memo: dict[str, Binary] = {}
+_memo_lock = threading.Lock()
+
+
+def kernel_key(src: KernelSource, compiler: Compiler) -> str:
+    return cache_key.compute_key(
+        source=src.source, entry_points=src.entry_points, compiler_identity=compiler.identity(),
+        flags=compiler.key_flags(src.arch.target), target_arch=src.arch.target.name,
+        tuning_arch=src.arch.tuning.name, headers=cache_key.header_digest())
+
+
+def _write_failed_source(src: KernelSource, key: str) -> Path:
+    root = store.writable_root().path / src.arch.target.name / ".failed"
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = root / f"{src.name}-{key}.cu"
+    path.write_text(src.source)
+    return path
+
+
+def _compile(src: KernelSource, key: str, compiler: Compiler) -> tuple[bytes, str, float]:
+    try:
+        result = compiler.compile(src.source, src.name, src.arch.target, None)
+    except CompileError as exc:
+        path = _write_failed_source(src, key)
+        raise CompileError(src.name, exc.compiler, exc.log, path, exc.command) from None
+    if env.ptxas_verbose() and result.log:
+        logger.info("%s compile log:\n%s", src.name, result.log)
+    logger.info("compiled %s with %s in %.2f s", src.name, compiler.name, result.seconds)
+    return result.cubin, result.log, result.seconds
+
+
+def _from_entry(entry: store.CacheEntry, src: KernelSource, key: str, origin: str) -> Binary:
+    m = entry.manifest
+    return Binary(src.name, key, src.arch.target.name, entry.cubin, src.entry_points, origin, entry.path,
+                  m.get("compiler", "?"), m.get("log", ""), float(m.get("compile_seconds", 0.0)))
+
+
+def build(src: KernelSource, compiler: Compiler | None = None) -> Binary:
+    """Return the cubin for `src`, compiling at most once per key across processes."""
+    configure_from_env()
+    compiler = compiler or get_compiler()
+    key = kernel_key(src, compiler)
+    memo_key = f"{src.arch.target.name}/{key}"
+    if (hit := _memo.get(memo_key)) is not None:
+        return dataclasses.replace(hit, origin="memory") if hit.origin != "memory" else hit
+    with _memo_lock:
+        if (hit := _memo.get(memo_key)) is not None:
+            return hit
+        binary = _build_uncached_in_process(src, key, compiler)
+        _memo[memo_key] = binary
+        return binary
+
+
+def _build_uncached_in_process(src: KernelSource, key: str, compiler: Compiler) -> Binary:
+    arch = src.arch.target.name
+    if env.cache_disabled():
+        if env.offline():
+            raise OfflineCacheMissError(src.name, key, arch, src.prewarm_command)
+        cubin, log, seconds = _compile(src, key, compiler)
+        return Binary(src.name, key, arch, cubin, src.entry_points, "compiled", None, compiler.identity(),
+                      log, seconds)
+
+    roots = store.all_roots()
+    if (entry := store.lookup(arch, src.name, key, roots)) is not None:
+        logger.debug("cache hit %s in %s", src.name, entry.path)
+        return _from_entry(entry, src, key, "disk")
+    if env.offline():
+        raise OfflineCacheMissError(src.name, key, arch, src.prewarm_command)
+
+    root = roots[0]
+    lock = store.key_lock(root, arch, src.name, key)
+    store.acquire(lock, src.name)
+    try:
+        # Another process may have published while we waited for the lock.
+        if (entry := store.read_entry(root, arch, src.name, key)) is not None:
+            return _from_entry(entry, src, key, "disk")
+        cubin, log, seconds = _compile(src, key, compiler)
+        manifest = {
+            "schema": cache_key.KEY_SCHEMA, "name": src.name, "arch": arch,
+            "tuning_arch": src.arch.tuning.name, "entry_points": list(src.entry_points),
+            "compiler": compiler.identity(), "flags": list(compiler.key_flags(src.arch.target)),
+            "log": log, "compile_seconds": round(seconds, 3), "created": time.time(),
+        }
+        entry = store.publish(root, arch, src.name, key, source=src.source, cubin=cubin, manifest=manifest)
+    finally:
+        lock.release()
+    return _from_entry(entry, src, key, "compiled")
+
+
+def clear_memo() -> None:
+    """Forget in-process binaries (tests use this to simulate a new process)."""
+    with _memo_lock:
+        _memo.clear()

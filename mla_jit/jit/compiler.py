@@ -1,0 +1,165 @@
+"""CUDA compilers: NVRTC (default, in-process) and nvcc (subprocess). Same flag semantics.
+
+A compiler turns one rendered translation unit into a cubin for one target arch. Kernel entry
+points are `extern "C"` (see templates/), so both compilers give the same symbol names.
+`key_flags()` lists what changes the binary and holds no filesystem path, so the cache key
+survives a relocated install.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import CompileError, MlaJitError
+from ..log import logger
+from . import env
+from .arch import Arch
+from .paths import include_dirs
+
+# Flags shared by both compilers (language level and semantics; no paths).
+_COMMON_FLAGS = ("-std=c++17", "-DNDEBUG")
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    cubin: bytes
+    log: str
+    command: str
+    seconds: float
+
+
+class Compiler(ABC):
+    name: str
+
+    @abstractmethod
+    def identity(self) -> str:
+        """Compiler name and exact version: part of every cache key."""
+
+    @abstractmethod
+    def _arch_flags(self, arch: Arch) -> list[str]: ...
+
+    def key_flags(self, arch: Arch) -> tuple[str, ...]:
+        flags = [*_COMMON_FLAGS, *self._arch_flags(arch)]
+        if env.lineinfo():
+            flags.append("-lineinfo")
+        return tuple(flags)
+
+    def _verbose_flags(self) -> list[str]:
+        return ["-Xptxas=-v"] if env.ptxas_verbose() else []
+
+    @abstractmethod
+    def compile(self, source: str, name: str, arch: Arch, source_path: Path | None) -> CompileResult:
+        """Compile `source`; raise CompileError with the full log on failure."""
+
+
+class NvrtcCompiler(Compiler):
+    name = "nvrtc"
+
+    @staticmethod
+    def _check(result, what: str):
+        from cuda.bindings import nvrtc
+        err = result[0]
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise MlaJitError(f"{what} failed: {nvrtc.nvrtcGetErrorString(err)[1].decode()}")
+        return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
+
+    @functools.lru_cache(maxsize=1)
+    def identity(self) -> str:
+        from cuda.bindings import nvrtc
+        major, minor = self._check(nvrtc.nvrtcVersion(), "nvrtcVersion")
+        return f"nvrtc-{major}.{minor}"
+
+    def _arch_flags(self, arch: Arch) -> list[str]:
+        # -default-device: CUTLASS helpers lack __device__ annotations under NVRTC.
+        return [f"--gpu-architecture={arch.name}", "-default-device"]
+
+    def compile(self, source: str, name: str, arch: Arch, source_path: Path | None) -> CompileResult:
+        from cuda.bindings import nvrtc
+        options = [*self.key_flags(arch), *self._verbose_flags(), *(f"-I{d}" for d in include_dirs(True))]
+        command = f"nvrtc {' '.join(shlex.quote(o) for o in options)} {name}.cu"
+        logger.debug("compiling %s: %s", name, command)
+        start = time.perf_counter()
+        prog = self._check(nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []),
+                           "nvrtcCreateProgram")
+        try:
+            opts = [o.encode() for o in options]
+            (status,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+            log_size = self._check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+            log_buf = b" " * log_size
+            self._check((nvrtc.nvrtcGetProgramLog(prog, log_buf)[0], None), "nvrtcGetProgramLog")
+            log = log_buf.rstrip(b"\x00 ").decode(errors="replace")
+            if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+                raise CompileError(name, "nvrtc", log, source_path, command)
+            size = self._check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+            cubin = b" " * size
+            self._check((nvrtc.nvrtcGetCUBIN(prog, cubin)[0], None), "nvrtcGetCUBIN")
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)
+        return CompileResult(cubin, log, command, time.perf_counter() - start)
+
+
+class NvccCompiler(Compiler):
+    name = "nvcc"
+
+    @functools.lru_cache(maxsize=1)
+    def executable(self) -> str:
+        explicit = env.nvcc_path()
+        candidates = [explicit] if explicit else []
+        for var in ("CUDA_HOME", "CUDA_PATH"):
+            if os.environ.get(var):
+                candidates.append(str(Path(os.environ[var]) / "bin" / "nvcc"))
+        candidates.append(shutil.which("nvcc") or "")
+        for candidate in candidates:
+            if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+                return candidate
+        raise MlaJitError("nvcc not found: set MLA_JIT_NVCC or CUDA_HOME, or use MLA_JIT_COMPILER=nvrtc")
+
+    @functools.lru_cache(maxsize=1)
+    def identity(self) -> str:
+        out = subprocess.run([self.executable(), "--version"], capture_output=True, text=True, check=True).stdout
+        release = next((ln.strip() for ln in out.splitlines() if ln.startswith("Build ")), out.strip()[-60:])
+        return f"nvcc-{release}-{hashlib.sha256(out.encode()).hexdigest()[:12]}"
+
+    def _arch_flags(self, arch: Arch) -> list[str]:
+        code = arch.name
+        return [f"-gencode=arch={code.replace('sm_', 'compute_')},code={code}", "-O3", "--expt-relaxed-constexpr"]
+
+    def compile(self, source: str, name: str, arch: Arch, source_path: Path | None) -> CompileResult:
+        keep = env.debug()
+        workdir = Path(tempfile.mkdtemp(prefix=f"mla_jit-nvcc-{name[:40]}-"))
+        try:
+            src = workdir / f"{name}.cu"
+            src.write_text(source)
+            out = workdir / f"{name}.cubin"
+            args = [self.executable(), "-cubin", *self.key_flags(arch), *self._verbose_flags(),
+                    *(f"-I{d}" for d in include_dirs(False)), "-o", str(out), str(src)]
+            command = " ".join(shlex.quote(a) for a in args)
+            logger.debug("compiling %s: %s", name, command)
+            start = time.perf_counter()
+            proc = subprocess.run(args, capture_output=True, text=True)
+            seconds = time.perf_counter() - start
+            log = (proc.stdout + proc.stderr).strip()
+            if proc.returncode != 0 or not out.is_file():
+                raise CompileError(name, "nvcc", log, source_path or src, command)
+            return CompileResult(out.read_bytes(), log, command, seconds)
+        finally:
+            if keep:
+                logger.debug("kept nvcc scratch dir %s", workdir)
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
+
+
+_COMPILERS = {"nvrtc": NvrtcCompiler(), "nvcc": NvccCompiler()}
+
+
+def get_compiler(name: str | None = None) -> Compiler:
+    return _COMPILERS[name or env.compiler_name()]

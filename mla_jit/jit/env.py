@@ -1,0 +1,108 @@
+"""Every environment variable mla_jit reads, with typed accessors.
+
+Values are read live (on each call) so tests and users can change them at run time. This is
+the only module that touches os.environ for configuration; the README's table mirrors ENV_VARS.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    default: str
+    help: str
+    changes_binary: bool = False
+
+
+ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
+    EnvVar("MLA_JIT_CACHE_DIR", "~/.cache/mla_jit",
+           "Writable cache root (created 0700). Falls back to a private temporary root if unwritable."),
+    EnvVar("MLA_JIT_READONLY_CACHE_DIRS", "",
+           "Extra read-only cache roots searched after the writable one (os.pathsep-separated)."),
+    EnvVar("MLA_JIT_DISABLE_CACHE", "0",
+           "1: never read or write the disk cache; compile once per process."),
+    EnvVar("MLA_JIT_OFFLINE", "0",
+           "1: never compile; a missing kernel raises OfflineCacheMissError with the prewarm command."),
+    EnvVar("MLA_JIT_COMPILER", "nvrtc", "Compiler: nvrtc or nvcc.", changes_binary=True),
+    EnvVar("MLA_JIT_NVCC", "", "Path of nvcc (default: $CUDA_HOME/bin/nvcc, then PATH)."),
+    EnvVar("MLA_JIT_ARCH", "",
+           "Architecture override, e.g. sm_90a, sm_89, sm_80: selects that kernel family and target."),
+    EnvVar("MLA_JIT_LOG_LEVEL", "WARNING", "Level of the 'mla_jit' logger (DEBUG, INFO, ...)."),
+    EnvVar("MLA_JIT_DEBUG", "0",
+           "1: keep generated sources and compiler scratch, log every compile command."),
+    EnvVar("MLA_JIT_PTXAS_VERBOSE", "0",
+           "1: pass -v to ptxas and log its resource report (registers, spills, smem)."),
+    EnvVar("MLA_JIT_LINEINFO", "0", "1: compile with -lineinfo (for profilers and sanitizers).",
+           changes_binary=True),
+    EnvVar("MLA_JIT_LOCK_TIMEOUT", "900", "Seconds to wait for another process compiling the same kernel."),
+]}
+
+
+def _raw(name: str) -> str:
+    return os.environ.get(name, ENV_VARS[name].default)
+
+
+def _flag(name: str) -> bool:
+    return _raw(name).strip().lower() in ("1", "true", "yes", "on")
+
+
+def cache_dir() -> Path:
+    return Path(os.path.expanduser(_raw("MLA_JIT_CACHE_DIR")))
+
+
+def readonly_cache_dirs() -> list[Path]:
+    raw = _raw("MLA_JIT_READONLY_CACHE_DIRS")
+    return [Path(os.path.expanduser(p)) for p in raw.split(os.pathsep) if p.strip()]
+
+
+def cache_disabled() -> bool:
+    return _flag("MLA_JIT_DISABLE_CACHE")
+
+
+def offline() -> bool:
+    return _flag("MLA_JIT_OFFLINE")
+
+
+def compiler_name() -> str:
+    name = _raw("MLA_JIT_COMPILER").strip().lower()
+    if name not in ("nvrtc", "nvcc"):
+        from ..errors import MlaJitError
+        raise MlaJitError(f"MLA_JIT_COMPILER: expected 'nvrtc' or 'nvcc', got {name!r}")
+    return name
+
+
+def nvcc_path() -> str:
+    return _raw("MLA_JIT_NVCC").strip()
+
+
+def arch_override() -> str:
+    return _raw("MLA_JIT_ARCH").strip()
+
+
+def log_level() -> str:
+    return _raw("MLA_JIT_LOG_LEVEL").strip().upper()
+
+
+def debug() -> bool:
+    return _flag("MLA_JIT_DEBUG")
+
+
+def ptxas_verbose() -> bool:
+    return _flag("MLA_JIT_PTXAS_VERBOSE")
+
+
+def lineinfo() -> bool:
+    return _flag("MLA_JIT_LINEINFO")
+
+
+def lock_timeout() -> float:
+    return float(_raw("MLA_JIT_LOCK_TIMEOUT"))
+
+
+def effective() -> dict[str, str]:
+    """Every variable with its effective value (for `mla-jit info`)."""
+    return {name: _raw(name) for name in ENV_VARS}

@@ -1,0 +1,109 @@
+"""Kernel launch through cuLaunchKernelEx with a launch configuration built once.
+
+A `PreparedLaunch` owns the CUlaunchConfig (grid, block, dynamic smem, cluster, PDL) and a
+prebuilt `void**` argument block whose slots are refilled in place on every call, so a warm
+launch does no allocation and no per-call driver-struct setup: fill slots, set the stream,
+launch. Families cache one PreparedLaunch per (kernel, grid, block, smem).
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any, Sequence
+
+from .driver import check, cu
+from .loader import LoadedKernel
+
+# Parameter kinds. A kind is either a ctypes scalar type or a fixed-size byte blob (structs,
+# TMA descriptors) given as Blob(size, align).
+PTR = ctypes.c_uint64
+I32 = ctypes.c_int32
+I64 = ctypes.c_int64
+U32 = ctypes.c_uint32
+F32 = ctypes.c_float
+
+
+class Blob:
+    """A by-value parameter of `size` bytes (a struct or a CUtensorMap), filled by memmove."""
+
+    def __init__(self, size: int, align: int = 8):
+        self.size = size
+        self.align = align
+
+
+TMA_DESC = Blob(128, 64)
+
+
+class _BlobSlot:
+    __slots__ = ("raw", "address", "size")
+
+    def __init__(self, blob: Blob):
+        self.raw = (ctypes.c_uint8 * (blob.size + blob.align))()
+        base = ctypes.addressof(self.raw)
+        self.address = base + (-base) % blob.align
+        self.size = blob.size
+
+
+class PreparedLaunch:
+    def __init__(self, kernel: LoadedKernel, params: Sequence[Any], grid: tuple[int, int, int],
+                 block: tuple[int, int, int], dynamic_smem: int = 0,
+                 cluster: tuple[int, int, int] | None = None, pdl: bool = False):
+        driver = cu()
+        self.kernel = kernel
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = dynamic_smem
+        attrs = []
+        if cluster is not None and cluster != (1, 1, 1):
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+            attrs.append(attr)
+        if pdl:
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(attr)
+        config.attrs = attrs
+        config.numAttrs = len(attrs)
+        self._attrs = attrs  # keep alive: config holds raw pointers into them
+        self._config = config
+        self._function = kernel.function
+        self._scalars: list[tuple[int, Any]] = []
+        self._blobs: list[tuple[int, _BlobSlot]] = []
+        addresses = []
+        for i, kind in enumerate(params):
+            if isinstance(kind, Blob):
+                slot = _BlobSlot(kind)
+                self._blobs.append((i, slot))
+                addresses.append(slot.address)
+            else:
+                value = kind()
+                self._scalars.append((i, value))
+                addresses.append(ctypes.addressof(value))
+        self._arity = len(params)
+        self._arg_block = (ctypes.c_void_p * max(1, len(params)))(*addresses)
+        self._arg_block_address = ctypes.addressof(self._arg_block)
+        self._lock = threading.Lock()
+        self._launch = driver.cuLaunchKernelEx
+
+    def __call__(self, stream: int, *args) -> None:
+        """Launch on `stream` (a raw cudaStream_t handle, e.g. torch's stream.cuda_stream).
+
+        Scalars are given as Python numbers; Blob parameters as objects exposing the buffer
+        protocol or a ctypes address (`.address`), e.g. a TmaDescriptor or a ctypes.Structure.
+        """
+        if len(args) != self._arity:
+            raise TypeError(f"{self.kernel.name} takes {self._arity} arguments, got {len(args)}")
+        with self._lock:  # the slots are shared: one launch fills and enqueues at a time
+            for i, slot in self._scalars:
+                slot.value = args[i]
+            for i, slot in self._blobs:
+                value = args[i]
+                src = value.address if hasattr(value, "address") else ctypes.addressof(value)
+                ctypes.memmove(slot.address, src, slot.size)
+            self._config.hStream = stream
+            err = self._launch(self._config, self._function, self._arg_block_address, 0)[0]
+        if err:
+            check((err,), f"launching {self.kernel.name}")

@@ -1,0 +1,76 @@
+"""Where the headers live: ours (package data), CUTLASS/CuTe, CCCL and the CUDA runtime headers."""
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from ..errors import MlaJitError
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+INCLUDE_DIR = PACKAGE_DIR / "include"
+TEMPLATES_DIR = PACKAGE_DIR / "templates"
+
+
+@functools.lru_cache(maxsize=None)
+def cutlass_include_dir() -> Path:
+    try:
+        import cutlass_library
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise MlaJitError("nvidia-cutlass is not installed: pip install nvidia-cutlass") from exc
+    path = Path(cutlass_library.source_path) / "include"
+    if not (path / "cute").is_dir():
+        raise MlaJitError(f"CUTLASS headers not found under {path}")
+    return path
+
+
+def _cuda_home() -> Path | None:
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        value = os.environ.get(var)
+        if value and Path(value).is_dir():
+            return Path(value)
+    for candidate in ("/usr/local/cuda",):
+        if Path(candidate).is_dir():
+            return Path(candidate)
+    return None
+
+
+def _pathfinder_header_dir(name: str) -> Path | None:
+    try:
+        from cuda import pathfinder
+        found = pathfinder.find_nvidia_header_directory(name)
+    except Exception:  # pathfinder raises on odd layouts; fall back to CUDA_HOME
+        return None
+    return Path(found) if found else None
+
+
+@functools.lru_cache(maxsize=None)
+def cccl_include_dir() -> Path:
+    found = _pathfinder_header_dir("cccl")
+    if found is None and (home := _cuda_home()) is not None:
+        for candidate in (home / "include" / "cccl", home / "include"):
+            if (candidate / "cuda" / "std" / "version").is_file():
+                found = candidate
+                break
+    if found is None:
+        raise MlaJitError("CCCL headers (cuda/std/...) not found: pip install nvidia-cuda-cccl")
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_include_dir() -> Path:
+    found = _pathfinder_header_dir("cudart")
+    if found is None and (home := _cuda_home()) is not None and (home / "include" / "cuda_runtime_api.h").is_file():
+        found = home / "include"
+    if found is None:
+        raise MlaJitError("CUDA runtime headers not found: pip install nvidia-cuda-runtime")
+    return found
+
+
+def include_dirs(with_toolkit_headers: bool) -> list[Path]:
+    """Include search path. NVRTC needs the CCCL and CUDA runtime headers passed explicitly;
+    nvcc brings its own (and rejects CCCL headers of another toolkit release)."""
+    dirs = [INCLUDE_DIR, cutlass_include_dir()]
+    if with_toolkit_headers:
+        dirs += [cccl_include_dir(), cuda_include_dir()]
+    return dirs

@@ -1,0 +1,1 @@
+"""One module per op: validate inputs, pick a config, call the family's runtime."""

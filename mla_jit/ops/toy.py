@@ -1,0 +1,91 @@
+"""Toy ops over the toy families: a TMA tile copy (with a PDL chain) and a wgmma GEMM tile."""
+from __future__ import annotations
+
+import torch
+
+from ..configs.toy import tile_copy_config, wgmma_gemm_config
+from ..dtypes import name_of
+from ..errors import InvalidArgumentError
+from ..jit import tma
+from ..jit.arch import resolve_for_device
+from ..jit.launch import F32, I32, PTR, TMA_DESC
+from ..runtimes import registry
+from . import validate
+
+_COPY_PARAMS = (TMA_DESC, PTR, I32, I32, F32)
+_descriptors: dict[tuple, tma.TmaDescriptor] = {}
+
+
+def _tile_copy_launch(src: torch.Tensor, dst: torch.Tensor, addend: float, pdl: bool) -> None:
+    device = src.device.index
+    arch = resolve_for_device(device)
+    cfg = tile_copy_config(name_of(src.dtype), arch.tuning)
+    desc_key = (src.data_ptr(), src.shape, src.stride(), src.dtype, cfg)
+    desc = _descriptors.get(desc_key)
+    if desc is None:
+        desc = tma.tiled(src, (cfg.block_rows, cfg.block_cols))
+        _descriptors[desc_key] = desc
+    rows, cols = src.shape
+    grid = ((cols + cfg.block_cols - 1) // cfg.block_cols, (rows + cfg.block_rows - 1) // cfg.block_rows, 1)
+    family = registry.get("tile_copy")
+    launch = family.launcher(cfg, arch, "mla_jit_tile_copy", device, _COPY_PARAMS, grid,
+                             (cfg.num_threads, 1, 1), pdl=pdl)
+    launch(torch.cuda.current_stream(device).cuda_stream, desc, dst.data_ptr(), rows, cols, addend)
+
+
+def _check_copy_input(src) -> torch.Tensor:
+    src = validate.tensor("src", src, dtypes=(torch.bfloat16, torch.float16, torch.float32), ndim=2,
+                          contiguous=True)
+    validate.aligned("src", src, 16)
+    if (src.shape[1] * src.element_size()) % 16:
+        raise InvalidArgumentError("src", "rows whose size is a multiple of 16 bytes", f"shape {tuple(src.shape)}")
+    return src
+
+
+def tile_copy(src: torch.Tensor, addend: float = 0.0, out: torch.Tensor | None = None,
+              pdl: bool = False) -> torch.Tensor:
+    """out = src + addend through a TMA tile load. `src` 2D contiguous bf16/fp16/fp32."""
+    src = _check_copy_input(src)
+    if out is None:
+        out = torch.empty_like(src)
+    else:
+        validate.tensor("out", out, dtypes=(src.dtype,), device=src.device, contiguous=True)
+        validate.shape("out", out, tuple(src.shape))
+    _tile_copy_launch(src, out, float(addend), pdl)
+    return out
+
+
+def tile_copy_chain(src: torch.Tensor, addend: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two copies back to back, the second launched with PDL and reading the first's output:
+    returns (src + addend, src + 2 * addend)."""
+    src = _check_copy_input(src)
+    mid = torch.empty_like(src)
+    out = torch.empty_like(src)
+    _tile_copy_launch(src, mid, float(addend), pdl=True)
+    _tile_copy_launch(mid, out, float(addend), pdl=True)
+    return mid, out
+
+
+_GEMM_PARAMS = (PTR, PTR, PTR, I32, I32, I32)
+
+
+def wgmma_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """C = A @ B^T in fp32 through one wgmma tile per CTA. A (M, K), B (N, K), bf16 or fp16;
+    M % 64 == 0, N % 128 == 0, K % 64 == 0."""
+    a = validate.tensor("a", a, dtypes=(torch.bfloat16, torch.float16), ndim=2, contiguous=True)
+    b = validate.tensor("b", b, dtypes=(a.dtype,), ndim=2, device=a.device, contiguous=True)
+    device = a.device.index
+    arch = resolve_for_device(device)
+    cfg = wgmma_gemm_config(name_of(a.dtype), arch.tuning)
+    (m, k), (n, k2) = a.shape, b.shape
+    if k2 != k:
+        raise InvalidArgumentError("b", f"shape (N, {k})", f"shape {tuple(b.shape)}")
+    for name, size, mult in (("a.shape[0]", m, cfg.block_m), ("b.shape[0]", n, cfg.block_n),
+                             ("a.shape[1]", k, cfg.block_k)):
+        if size % mult or size == 0:
+            raise InvalidArgumentError(name, f"a positive multiple of {mult}", str(size))
+    c = torch.empty((m, n), dtype=torch.float32, device=a.device)
+    launch = registry.get("wgmma_gemm").launcher(cfg, arch, "mla_jit_wgmma_gemm", device, _GEMM_PARAMS,
+                                                 (n // cfg.block_n, m // cfg.block_m, 1), (128, 1, 1))
+    launch(torch.cuda.current_stream(device).cuda_stream, a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k)
+    return c

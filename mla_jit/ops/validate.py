@@ -1,0 +1,39 @@
+"""Argument checks shared by the ops. Each raises InvalidArgumentError naming the argument."""
+from __future__ import annotations
+
+import torch
+
+from ..errors import InvalidArgumentError
+
+
+def tensor(name: str, value, *, dtypes: tuple[torch.dtype, ...] | None = None, ndim: int | None = None,
+           device: torch.device | None = None, last_dim_contiguous: bool = False,
+           contiguous: bool = False) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise InvalidArgumentError(name, "a torch.Tensor", type(value).__name__)
+    if dtypes is not None and value.dtype not in dtypes:
+        raise InvalidArgumentError(name, f"dtype in {[str(d) for d in dtypes]}", str(value.dtype))
+    if ndim is not None and value.dim() != ndim:
+        raise InvalidArgumentError(name, f"{ndim} dims", f"shape {tuple(value.shape)}")
+    if device is not None and value.device != device:
+        raise InvalidArgumentError(name, f"a tensor on {device}", str(value.device))
+    if device is None and not value.is_cuda:
+        raise InvalidArgumentError(name, "a CUDA tensor", str(value.device))
+    if contiguous and not value.is_contiguous():
+        raise InvalidArgumentError(name, "a contiguous tensor", f"strides {value.stride()}")
+    if last_dim_contiguous and value.dim() and value.stride(-1) != 1 and value.shape[-1] != 1:
+        raise InvalidArgumentError(name, "a contiguous last dim", f"strides {value.stride()}")
+    return value
+
+
+def shape(name: str, value: torch.Tensor, expected: tuple) -> None:
+    """`expected` holds ints or None (any size)."""
+    got = tuple(value.shape)
+    if len(got) != len(expected) or any(e is not None and g != e for g, e in zip(got, expected)):
+        want = "(" + ", ".join("*" if e is None else str(e) for e in expected) + ")"
+        raise InvalidArgumentError(name, f"shape {want}", f"shape {got}")
+
+
+def aligned(name: str, value: torch.Tensor, alignment: int) -> None:
+    if value.data_ptr() % alignment:
+        raise InvalidArgumentError(name, f"a data pointer aligned to {alignment} bytes", hex(value.data_ptr()))

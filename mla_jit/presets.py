@@ -1,0 +1,45 @@
+"""Model presets for `mla-jit prewarm --preset`: the MLA shapes real deployments run."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    num_heads_q: int      # query heads per GPU (after tensor parallelism)
+    num_heads_kv: int
+    head_dim: int         # d of q and k (latent + rope)
+    head_dim_v: int
+    page_size: int = 64
+
+
+def _deepseek_v3(tp: int) -> Preset:
+    return Preset(f"deepseek-v3-tp{tp}", 128 // tp, 1, 576, 512)
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    *(_deepseek_v3(tp) for tp in (1, 2, 4, 8)),
+    Preset("deepseek-v2-lite", 16, 1, 576, 512),
+]}
+
+# Group names expand to several presets.
+PRESET_GROUPS: dict[str, tuple[str, ...]] = {
+    "deepseek-v3": tuple(f"deepseek-v3-tp{tp}" for tp in (1, 2, 4, 8)),
+}
+
+
+def resolve(names: list[str] | None) -> list[Preset]:
+    """Presets named (groups expanded); all of them when `names` is empty."""
+    from .errors import MlaJitError
+    if not names:
+        return list(PRESETS.values())
+    out: list[Preset] = []
+    for name in names:
+        for member in PRESET_GROUPS.get(name, (name,)):
+            if member not in PRESETS:
+                raise MlaJitError(f"unknown preset {name!r}; known: "
+                                  f"{', '.join([*PRESET_GROUPS, *PRESETS])}")
+            if PRESETS[member] not in out:
+                out.append(PRESETS[member])
+    return out
