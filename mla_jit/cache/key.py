@@ -8,20 +8,39 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from pathlib import Path
 
 from ..jit import paths
 
 KEY_SCHEMA = "mla_jit-cache-v1"
-_HEADER_SUFFIXES = (".cuh", ".h", ".hpp", ".inl")
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 
 
-def _hash_tree(root: Path, h) -> None:
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in _HEADER_SUFFIXES):
-        h.update(path.relative_to(root).as_posix().encode())
-        h.update(b"\0")
-        h.update(path.read_bytes())
-        h.update(b"\0")
+@functools.lru_cache(maxsize=None)
+def _own_header(include_dir: Path, rel: str) -> tuple[str, tuple[str, ...]] | None:
+    """(sha256, includes) of one of our headers, or None if `rel` is not ours (CUTLASS, CCCL)."""
+    path = include_dir / rel
+    if not path.is_file():
+        return None
+    text = path.read_text()
+    return hashlib.sha256(text.encode()).hexdigest(), tuple(_INCLUDE_RE.findall(text))
+
+
+def _reachable_headers(source: str, include_dir: Path) -> list[tuple[str, str]]:
+    """(relative path, sha256) of every header of ours that `source` includes, transitively."""
+    seen: dict[str, str] = {}
+    stack = list(_INCLUDE_RE.findall(source))
+    while stack:
+        rel = stack.pop()
+        if rel in seen:
+            continue
+        info = _own_header(include_dir, rel)
+        if info is None:
+            continue
+        seen[rel] = info[0]
+        stack.extend(info[1])
+    return sorted(seen.items())
 
 
 def _third_party_versions() -> bytes:
@@ -36,16 +55,25 @@ def _third_party_versions() -> bytes:
     return b";".join(parts)
 
 
-@functools.lru_cache(maxsize=None)
-def header_digest(include_dir: Path | None = None) -> str:
-    """Digest of our headers (every file, recursively) plus third-party header versions.
+@functools.lru_cache(maxsize=1)
+def _third_party_digest() -> str:
+    return hashlib.sha256(_third_party_versions()).hexdigest()
 
-    Cached per process: installed headers do not change under a running process.
-    """
+
+def header_digest(source: str, include_dir: Path | None = None) -> str:
+    """Digest of every header of ours `source` can include (recursively, by content) plus the
+    CUTLASS/CCCL/CUDA header versions. Header contents are read once per process."""
     h = hashlib.sha256()
-    _hash_tree(include_dir or paths.INCLUDE_DIR, h)
-    h.update(_third_party_versions())
+    for rel, digest in _reachable_headers(source, include_dir or paths.INCLUDE_DIR):
+        h.update(f"{rel}={digest};".encode())
+    h.update(_third_party_digest().encode())
     return h.hexdigest()
+
+
+def clear_memo() -> None:
+    """Forget header contents read so far (tests that edit headers call this)."""
+    _own_header.cache_clear()
+    _third_party_digest.cache_clear()
 
 
 def compute_key(*, source: str, entry_points: tuple[str, ...], compiler_identity: str,

@@ -51,7 +51,7 @@ def kernel_key(src: KernelSource, compiler: Compiler) -> str:
     return cache_key.compute_key(
         source=src.source, entry_points=src.entry_points, compiler_identity=compiler.identity(),
         flags=compiler.key_flags(src.arch.target), target_arch=src.arch.target.name,
-        tuning_arch=src.arch.tuning.name, headers=cache_key.header_digest())
+        tuning_arch=src.arch.tuning.name, headers=cache_key.header_digest(src.source))
 
 
 def _write_failed_source(src: KernelSource, key: str) -> Path:

@@ -88,8 +88,8 @@ namespace detail {
 
 // Cursor over the tiles of one CTA's work range: batch bi, tile start tok, piece [start, stop).
 struct WorkCursor {
-  int bi, tok, stop, L;
-  int begin_b, begin_tok, end_b, end_tok;
+  int bi = 0, tok = 0, stop = 0, L = 0;
+  int begin_b = 0, begin_tok = 0, end_b = -1, end_tok = 0;
 
   __device__ __forceinline__ bool valid() const { return bi <= end_b; }
 
@@ -199,6 +199,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
     prod.init(meta, seqlens);
     for (int s = 0; s < NS && prod.valid(); ++s) issue_tile();
   }
+  __syncwarp();  // reconverge warp 4 before any .aligned (wgmma) instruction
 
   // ---------------- consumer state ----------------
   detail::WorkCursor cur;
@@ -466,6 +467,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
       if (lane == 0) mbar_arrive(&ss.pv_done);
       // Refill this stage with tile n + NS (waits for WG0 to finish tile n).
       if (is_producer && prod.valid()) issue_tile();
+      __syncwarp();  // lane 0 of warp 4 may have diverged into the producer path
       if (last) {
         bool single;
         int slot;

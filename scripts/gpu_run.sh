@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One call on a Hopper GPU machine: install what is missing, run the GPU tests, run the benchmarks,
+# print a short table last. Usage: scripts/gpu_run.sh [pytest-args...]
+# Expects the nvidia-cutlass wheel in .whl/ when the machine has no nvidia-cutlass (carry it).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/mla_jit_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ! python3 -c "import cutlass_library" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+python3 -m pytest -q -m gpu -p no:cacheprovider "$@" tests 2>&1 | tee "$OUT/pytest.log" | tail -n 40
+status=${PIPESTATUS[0]}
+python3 bench/bench_jit.py --json "$OUT/bench_jit.json" 2>&1 | tee "$OUT/bench_jit.log" | tail -n 12
+if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
+  python3 bench/bench_decode.py --json "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.log" | tail -n 40
+fi
+echo "pytest exit status: $status"
+exit $status

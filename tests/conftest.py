@@ -1,0 +1,44 @@
+import os
+
+import pytest
+
+
+def _hopper_available() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0)
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _hopper_available():
+        return
+    skip = pytest.mark.skip(reason="needs a Hopper (sm90) GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def cache_root(tmp_path, monkeypatch):
+    """A fresh, private writable cache root and a clean in-process memo."""
+    from mla_jit.jit import build
+    root = tmp_path / "cache"
+    monkeypatch.setenv("MLA_JIT_CACHE_DIR", str(root))
+    for var in ("MLA_JIT_READONLY_CACHE_DIRS", "MLA_JIT_OFFLINE", "MLA_JIT_DISABLE_CACHE", "MLA_JIT_ARCH"):
+        monkeypatch.delenv(var, raising=False)
+    build.clear_memo()
+    yield root
+    build.clear_memo()
+
+
+@pytest.fixture(params=["nvrtc", "nvcc"])
+def compiler_env(request, monkeypatch):
+    monkeypatch.setenv("MLA_JIT_COMPILER", request.param)
+    return request.param
+
+
+def pytest_report_header(config):
+    return f"mla_jit GPU tests: {'enabled' if _hopper_available() else 'skipped (no Hopper GPU)'}; " \
+           f"MLA_JIT_COMPILER={os.environ.get('MLA_JIT_COMPILER', 'nvrtc')}"
