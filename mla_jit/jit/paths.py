@@ -72,5 +72,8 @@ def include_dirs(with_toolkit_headers: bool) -> list[Path]:
     nvcc brings its own (and rejects CCCL headers of another toolkit release)."""
     dirs = [INCLUDE_DIR, cutlass_include_dir()]
     if with_toolkit_headers:
-        dirs += [cccl_include_dir(), cuda_include_dir()]
-    return dirs
+        cccl = cccl_include_dir()
+        dirs += [cccl, cuda_include_dir()]
+        if cccl.name == "cccl":  # CUTLASS under NVRTC includes <cccl/cuda/std/...>
+            dirs.append(cccl.parent)
+    return list(dict.fromkeys(dirs))

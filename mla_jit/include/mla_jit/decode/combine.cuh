@@ -40,24 +40,24 @@ __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
   float acc[kVecPerLane * 4];
 #pragma unroll
   for (int i = 0; i < kVecPerLane * 4; ++i) acc[i] = 0.f;
-  float lse_final = INFINITY;
+  float lse_final = kInf;
 
   if (nsplit > 1) {
     // Partial LSEs are in log2 units; -inf marks a split that saw no key for this row.
     const long long row_stride = (long long)p.h_kv * p.rows;  // between split slots
     const float* lse_acc = p.lse_accum + (long long)split_begin * row_stride + (long long)g * p.rows + r;
-    float mx = -INFINITY;
+    float mx = -kInf;
     for (int i = lane; i < nsplit; i += 32) mx = fmaxf(mx, lse_acc[i * row_stride]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    const float mx_use = (mx == -INFINITY) ? 0.f : mx;
+    const float mx_use = (mx == -kInf) ? 0.f : mx;
     float sum = 0.f;
     for (int i = lane; i < nsplit; i += 32) sum += exp2f(lse_acc[i * row_stride] - mx_use);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const bool any = sum > 0.f;
-    const float lse2 = any ? mx_use + log2f(sum) : INFINITY;
-    lse_final = any ? lse2 * 0.69314718055994530942f : INFINITY;
+    const float lse2 = any ? mx_use + log2f(sum) : kInf;
+    lse_final = any ? lse2 * 0.69314718055994530942f : kInf;
 
     if (any) {
       const float* o_acc = p.o_accum + ((long long)split_begin * row_stride + (long long)g * p.rows + r) * HEAD_DIM_V;

@@ -4,9 +4,13 @@
 
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
+#include <cuda/std/limits>
 
 namespace mla_jit {
 namespace decode {
+
+// +inf without <math.h>/<cmath> (INFINITY is not defined under NVRTC).
+constexpr float kInf = cuda::std::numeric_limits<float>::infinity();
 
 // Byte image of a CUtensorMap (128 bytes, 64-byte aligned). Declared here so the headers do not
 // need <cuda.h> (not available under NVRTC); the host passes the encoded CUtensorMap bytes.

@@ -309,7 +309,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
         named_bar_sync(1, 128);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          m_run[h] = -INFINITY;
+          m_run[h] = -kInf;
           l_run[h] = 0.f;
           const int r = m_block * BM + row0 + 8 * h;
           // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1.
@@ -352,20 +352,20 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
 #pragma unroll
         for (int i = 0; i < size(tSrS); ++i) {
           const int t = cur.tok + (i / 4) * 8 + col_lane + (i & 1);
-          if (t >= lim[(i >> 1) & 1]) tSrS(i) = -INFINITY;
+          if (t >= lim[(i >> 1) & 1]) tSrS(i) = -kInf;
         }
       }
       // ---- online softmax (log2 domain) ----
       float sc[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float mx = -INFINITY;
+        float mx = -kInf;
 #pragma unroll
         for (int j = 0; j < size(tSrS) / 4; ++j) mx = fmaxf(mx, fmaxf(tSrS(j * 4 + h * 2), tSrS(j * 4 + h * 2 + 1)));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m_run[h], mx * p.scale_log2);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // avoid (-inf) - (-inf)
+        const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
         sc[h] = exp2f(m_run[h] - m_use);
         m_run[h] = m_new;
         float sum = 0.f;
@@ -382,7 +382,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
       }
 
       const bool last = cur.tok + BN >= cur.stop;
-      float inv_l[2] = {0.f, 0.f}, lse2[2] = {-INFINITY, -INFINITY};
+      float inv_l[2] = {0.f, 0.f}, lse2[2] = {-kInf, -kInf};
       if (last) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -390,7 +390,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
           l += __shfl_xor_sync(0xffffffffu, l, 1);
           l += __shfl_xor_sync(0xffffffffu, l, 2);
           inv_l[h] = l > 0.f ? 1.f / l : 0.f;
-          lse2[h] = l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
+          lse2[h] = l > 0.f ? m_run[h] + log2f(l) : -kInf;
         }
       }
 
@@ -436,7 +436,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
                 const int s = r / p.q_per_kv;
                 const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
                 p.lse[((long long)cur.bi * p.h_q + head) * p.s_q + s] =
-                    lse2[h] == -INFINITY ? INFINITY : lse2[h] * 0.69314718055994530942f;
+                    lse2[h] == -kInf ? kInf : lse2[h] * 0.69314718055994530942f;
               } else {
                 p.lse_accum[((long long)slot * p.h_kv + g) * p.rows + r] = lse2[h];
               }
