@@ -80,9 +80,13 @@ class ArchPair:
 
 
 def resolve_for_device(device_index: int) -> ArchPair:
-    """Tuning and target arch for a kernel that will run on `device_index`."""
+    """Tuning and target arch for a kernel that will run on `device_index` (MLA_JIT_ARCH read live)."""
+    return _resolve_for_device(device_index, env.arch_override())
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve_for_device(device_index: int, override: str) -> ArchPair:
     gpu = device_arch(device_index)
-    override = env.arch_override()
     if not override:
         if gpu.name not in SUPPORTED_ARCHS:
             raise UnsupportedArchError(f"GPU arch {gpu.name} is not supported ({', '.join(SUPPORTED_ARCHS)})")

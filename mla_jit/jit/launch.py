@@ -34,14 +34,23 @@ class Blob:
 TMA_DESC = Blob(128, 64)
 
 
+class Immutable:
+    """Base of by-value parameter sources that never change after construction (a TMA
+    descriptor): a launch that gets the same object again skips copying it."""
+
+    __slots__ = ()
+    address: int
+
+
 class _BlobSlot:
-    __slots__ = ("raw", "address", "size")
+    __slots__ = ("raw", "address", "size", "last")
 
     def __init__(self, blob: Blob):
         self.raw = (ctypes.c_uint8 * (blob.size + blob.align))()
         base = ctypes.addressof(self.raw)
         self.address = base + (-base) % blob.align
         self.size = blob.size
+        self.last = None  # the immutable source copied last (TMA descriptors), to skip re-copying
 
 
 class PreparedLaunch:
@@ -87,12 +96,13 @@ class PreparedLaunch:
         self._arg_block_address = ctypes.addressof(self._arg_block)
         self._lock = threading.Lock()
         self._launch = driver.cuLaunchKernelEx
+        self._stream = None
 
     def __call__(self, stream: int, *args) -> None:
         """Launch on `stream` (a raw cudaStream_t handle, e.g. torch's stream.cuda_stream).
 
-        Scalars are given as Python numbers; Blob parameters as objects exposing the buffer
-        protocol or a ctypes address (`.address`), e.g. a TmaDescriptor or a ctypes.Structure.
+        Scalars are given as Python numbers; Blob parameters as an Immutable (a TmaDescriptor)
+        or a ctypes.Structure of the blob's size.
         """
         if len(args) != self._arity:
             raise TypeError(f"{self.kernel.name} takes {self._arity} arguments, got {len(args)}")
@@ -101,9 +111,17 @@ class PreparedLaunch:
                 slot.value = args[i]
             for i, slot in self._blobs:
                 value = args[i]
-                src = value.address if hasattr(value, "address") else ctypes.addressof(value)
-                ctypes.memmove(slot.address, src, slot.size)
-            self._config.hStream = stream
+                if value is slot.last:
+                    continue
+                if isinstance(value, Immutable):
+                    ctypes.memmove(slot.address, value.address, slot.size)
+                    slot.last = value
+                else:
+                    ctypes.memmove(slot.address, ctypes.addressof(value), slot.size)
+                    slot.last = None
+            if stream != self._stream:
+                self._config.hStream = stream
+                self._stream = stream
             err = self._launch(self._config, self._function, self._arg_block_address, 0)[0]
         if err:
             check((err,), f"launching {self.kernel.name}")

@@ -14,6 +14,7 @@ import torch
 
 from ..errors import InvalidArgumentError
 from .driver import check, cu
+from .launch import Immutable
 
 _DTYPES = {
     torch.uint8: ("CU_TENSOR_MAP_DATA_TYPE_UINT8", 1),
@@ -43,7 +44,7 @@ class TmaSpec:
     oob_fill_nan: bool = False
 
 
-class TmaDescriptor:
+class TmaDescriptor(Immutable):
     """A 64-byte-aligned copy of an encoded CUtensorMap; `.address` points at it."""
 
     __slots__ = ("_raw", "address", "spec", "global_address")

@@ -8,34 +8,47 @@ from ..dtypes import name_of
 from ..errors import InvalidArgumentError
 from ..jit import tma
 from ..jit.arch import resolve_for_device
-from ..jit.launch import F32, I32, PTR, TMA_DESC
+from ..jit.launch import F32, I32, PTR, TMA_DESC, PreparedLaunch
+from ..jit.stream import current_stream
 from ..runtimes import registry
 from . import validate
 
 _COPY_PARAMS = (TMA_DESC, PTR, I32, I32, F32)
+_COPY_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Warm-path caches: launch plans by shape, descriptors by tensor address and shape.
+_copy_plans: dict[tuple, tuple[PreparedLaunch, tuple[int, int]]] = {}
 _descriptors: dict[tuple, tma.TmaDescriptor] = {}
 
 
-def _tile_copy_launch(src: torch.Tensor, dst: torch.Tensor, addend: float, pdl: bool) -> None:
+def _copy_plan(src: torch.Tensor, pdl: bool) -> tuple[PreparedLaunch, tuple[int, int]]:
     device = src.device.index
     arch = resolve_for_device(device)
-    cfg = tile_copy_config(name_of(src.dtype), arch.tuning)
-    desc_key = (src.data_ptr(), src.shape, src.stride(), src.dtype, cfg)
+    plan_key = (device, src.dtype, src.shape, pdl, arch)
+    plan = _copy_plans.get(plan_key)
+    if plan is None:
+        cfg = tile_copy_config(name_of(src.dtype), arch.tuning)
+        rows, cols = src.shape
+        grid = ((cols + cfg.block_cols - 1) // cfg.block_cols, (rows + cfg.block_rows - 1) // cfg.block_rows, 1)
+        launch = registry.get("tile_copy").launcher(cfg, arch, "mla_jit_tile_copy", device, _COPY_PARAMS, grid,
+                                                    (cfg.num_threads, 1, 1), pdl=pdl)
+        plan = _copy_plans[plan_key] = (launch, (cfg.block_rows, cfg.block_cols))
+    return plan
+
+
+def _tile_copy_launch(src: torch.Tensor, dst: torch.Tensor, addend: float, pdl: bool) -> None:
+    launch, box = _copy_plan(src, pdl)
+    desc_key = (src.data_ptr(), src.shape, src.dtype)
     desc = _descriptors.get(desc_key)
     if desc is None:
-        desc = tma.tiled(src, (cfg.block_rows, cfg.block_cols))
-        _descriptors[desc_key] = desc
+        if len(_descriptors) > 4096:  # bound the cache for callers that copy ever-new tensors
+            _descriptors.clear()
+        desc = _descriptors[desc_key] = tma.tiled(src, box)
     rows, cols = src.shape
-    grid = ((cols + cfg.block_cols - 1) // cfg.block_cols, (rows + cfg.block_rows - 1) // cfg.block_rows, 1)
-    family = registry.get("tile_copy")
-    launch = family.launcher(cfg, arch, "mla_jit_tile_copy", device, _COPY_PARAMS, grid,
-                             (cfg.num_threads, 1, 1), pdl=pdl)
-    launch(torch.cuda.current_stream(device).cuda_stream, desc, dst.data_ptr(), rows, cols, addend)
+    launch(current_stream(src.device.index), desc, dst.data_ptr(), rows, cols, addend)
 
 
 def _check_copy_input(src) -> torch.Tensor:
-    src = validate.tensor("src", src, dtypes=(torch.bfloat16, torch.float16, torch.float32), ndim=2,
-                          contiguous=True)
+    validate.tensor("src", src, dtypes=_COPY_DTYPES, ndim=2, contiguous=True)
     validate.aligned("src", src, 16)
     if (src.shape[1] * src.element_size()) % 16:
         raise InvalidArgumentError("src", "rows whose size is a multiple of 16 bytes", f"shape {tuple(src.shape)}")
@@ -45,7 +58,7 @@ def _check_copy_input(src) -> torch.Tensor:
 def tile_copy(src: torch.Tensor, addend: float = 0.0, out: torch.Tensor | None = None,
               pdl: bool = False) -> torch.Tensor:
     """out = src + addend through a TMA tile load. `src` 2D contiguous bf16/fp16/fp32."""
-    src = _check_copy_input(src)
+    _check_copy_input(src)
     if out is None:
         out = torch.empty_like(src)
     else:
@@ -57,8 +70,8 @@ def tile_copy(src: torch.Tensor, addend: float = 0.0, out: torch.Tensor | None =
 
 def tile_copy_chain(src: torch.Tensor, addend: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Two copies back to back, the second launched with PDL and reading the first's output:
-    returns (src + addend, src + 2 * addend)."""
-    src = _check_copy_input(src)
+    returns (src + addend, (src + addend) + addend)."""
+    _check_copy_input(src)
     mid = torch.empty_like(src)
     out = torch.empty_like(src)
     _tile_copy_launch(src, mid, float(addend), pdl=True)
@@ -72,8 +85,8 @@ _GEMM_PARAMS = (PTR, PTR, PTR, I32, I32, I32)
 def wgmma_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """C = A @ B^T in fp32 through one wgmma tile per CTA. A (M, K), B (N, K), bf16 or fp16;
     M % 64 == 0, N % 128 == 0, K % 64 == 0."""
-    a = validate.tensor("a", a, dtypes=(torch.bfloat16, torch.float16), ndim=2, contiguous=True)
-    b = validate.tensor("b", b, dtypes=(a.dtype,), ndim=2, device=a.device, contiguous=True)
+    validate.tensor("a", a, dtypes=(torch.bfloat16, torch.float16), ndim=2, contiguous=True)
+    validate.tensor("b", b, dtypes=(a.dtype,), ndim=2, device=a.device, contiguous=True)
     device = a.device.index
     arch = resolve_for_device(device)
     cfg = wgmma_gemm_config(name_of(a.dtype), arch.tuning)
@@ -87,5 +100,5 @@ def wgmma_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     c = torch.empty((m, n), dtype=torch.float32, device=a.device)
     launch = registry.get("wgmma_gemm").launcher(cfg, arch, "mla_jit_wgmma_gemm", device, _GEMM_PARAMS,
                                                  (n // cfg.block_n, m // cfg.block_m, 1), (128, 1, 1))
-    launch(torch.cuda.current_stream(device).cuda_stream, a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k)
+    launch(current_stream(device), a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k)
     return c

@@ -14,8 +14,10 @@ def register(cls: type[F]) -> type[F]:
 
 
 def get(name: str):
-    families()
-    return _FAMILIES[name]
+    family = _FAMILIES.get(name)
+    if family is None:
+        family = families()[name]
+    return family
 
 
 def families() -> dict[str, object]:

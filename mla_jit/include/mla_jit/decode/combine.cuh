@@ -1,6 +1,6 @@
 // mla_jit decode: combine split-KV partial results by log-sum-exp.
 //
-// Grid (ceil(rows / kCombineRowsPerCta), h_kv, b), block kCombineThreads, no dynamic smem.
+// Grid (b, h_kv, ceil(rows / kCombineRowsPerCta)), block kCombineThreads, no dynamic smem.
 // One warp per query row; each lane owns HEAD_DIM_V / 32 consecutive-by-float4 columns.
 // Batches with exactly one split return at once (the split-KV kernel wrote out/lse);
 // zero-split (empty) batches get out = 0, lse = +inf.
@@ -21,9 +21,9 @@ __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
   static_assert(HEAD_DIM_V % 128 == 0, "one float4 per lane per 128 columns");
   constexpr int kVecPerLane = HEAD_DIM_V / 128;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int r = blockIdx.x * kCombineRowsPerCta + warp;
+  const int bi = blockIdx.x;
   const int g = blockIdx.y;
-  const int bi = blockIdx.z;
+  const int r = blockIdx.z * kCombineRowsPerCta + warp;
 
   pdl_wait();  // everything below may read split-KV kernel results
 
