@@ -11,10 +11,7 @@ pytestmark = pytest.mark.gpu
 
 def _fresh_families():
     """Drop the families' loaded kernels so the next call goes through build/load again."""
-    for fam in registry.families().values():
-        fam._binaries.clear()
-        fam._kernels.clear()
-        fam._launches.clear()
+    registry.reset_all()
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,6 @@ they never touch the cache or the compilers directly.
 """
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ class Binary:
     target_arch: str
     cubin: bytes
     entry_points: tuple[str, ...]
-    origin: str                     # "compiled", "disk" or "memory"
+    origin: str                     # how this process got it: "compiled" or "disk"
     path: Path | None
     compiler: str
     log: str
@@ -87,7 +86,7 @@ def build(src: KernelSource, compiler: Compiler | None = None) -> Binary:
     key = kernel_key(src, compiler)
     memo_key = f"{src.arch.target.name}/{key}"
     if (hit := _memo.get(memo_key)) is not None:
-        return dataclasses.replace(hit, origin="memory") if hit.origin != "memory" else hit
+        return hit
     with _memo_lock:
         if (hit := _memo.get(memo_key)) is not None:
             return hit

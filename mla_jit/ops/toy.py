@@ -15,34 +15,33 @@ from . import validate
 
 _COPY_PARAMS = (TMA_DESC, PTR, I32, I32, F32)
 _COPY_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# Warm-path caches: launch plans by shape, descriptors by tensor address and shape.
-_copy_plans: dict[tuple, tuple[PreparedLaunch, tuple[int, int]]] = {}
-_descriptors: dict[tuple, tma.TmaDescriptor] = {}
 
 
 def _copy_plan(src: torch.Tensor, pdl: bool) -> tuple[PreparedLaunch, tuple[int, int]]:
     device = src.device.index
     arch = resolve_for_device(device)
+    family = registry.get("tile_copy")
     plan_key = (device, src.dtype, src.shape, pdl, arch)
-    plan = _copy_plans.get(plan_key)
+    plan = family.plans.get(plan_key)
     if plan is None:
         cfg = tile_copy_config(name_of(src.dtype), arch.tuning)
         rows, cols = src.shape
         grid = ((cols + cfg.block_cols - 1) // cfg.block_cols, (rows + cfg.block_rows - 1) // cfg.block_rows, 1)
-        launch = registry.get("tile_copy").launcher(cfg, arch, "mla_jit_tile_copy", device, _COPY_PARAMS, grid,
-                                                    (cfg.num_threads, 1, 1), pdl=pdl)
-        plan = _copy_plans[plan_key] = (launch, (cfg.block_rows, cfg.block_cols))
+        launch = family.launcher(cfg, arch, "mla_jit_tile_copy", device, _COPY_PARAMS, grid,
+                                 (cfg.num_threads, 1, 1), pdl=pdl)
+        plan = family.plans[plan_key] = (launch, (cfg.block_rows, cfg.block_cols))
     return plan
 
 
 def _tile_copy_launch(src: torch.Tensor, dst: torch.Tensor, addend: float, pdl: bool) -> None:
     launch, box = _copy_plan(src, pdl)
+    descriptors = registry.get("tile_copy").descriptors
     desc_key = (src.data_ptr(), src.shape, src.dtype)
-    desc = _descriptors.get(desc_key)
+    desc = descriptors.get(desc_key)
     if desc is None:
-        if len(_descriptors) > 4096:  # bound the cache for callers that copy ever-new tensors
-            _descriptors.clear()
-        desc = _descriptors[desc_key] = tma.tiled(src, box)
+        if len(descriptors) > 4096:  # bound the cache for callers that copy ever-new tensors
+            descriptors.clear()
+        desc = descriptors[desc_key] = tma.tiled(src, box)
     rows, cols = src.shape
     launch(current_stream(src.device.index), desc, dst.data_ptr(), rows, cols, addend)
 

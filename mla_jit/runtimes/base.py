@@ -39,6 +39,16 @@ class KernelFamily(ABC, Generic[Cfg]):
         self._kernels: dict[tuple[Cfg, ArchPair, str, int], LoadedKernel] = {}
         self._launches: dict[tuple, PreparedLaunch] = {}
         self._lock = threading.Lock()
+        # Warm-path memos that ops keep per family: launch plans by shape, TMA descriptors by
+        # tensor address. Cleared with everything else by reset().
+        self.plans: dict[tuple, Any] = {}
+        self.descriptors: dict[tuple, Any] = {}
+
+    def reset(self) -> None:
+        """Forget every loaded kernel, launch and plan (tests use this to act as a new process)."""
+        with self._lock:
+            for memo in (self._binaries, self._kernels, self._launches, self.plans, self.descriptors):
+                memo.clear()
 
     # ---- what a family defines -------------------------------------------------------------
     @abstractmethod

@@ -23,3 +23,9 @@ def get(name: str):
 def families() -> dict[str, object]:
     from .. import runtimes  # noqa: F401  (importing the package registers every family)
     return dict(_FAMILIES)
+
+
+def reset_all() -> None:
+    """Reset every family's in-process state (see KernelFamily.reset)."""
+    for family in families().values():
+        family.reset()

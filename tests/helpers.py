@@ -1,0 +1,12 @@
+"""Small helpers shared by the CPU tests."""
+from mla_jit.jit.arch import resolve_for_build
+from mla_jit.runtimes import registry
+
+SM90 = resolve_for_build("sm_90a")
+
+
+def toy_source(dtype: str = "fp32"):
+    """The rendered source of a small, fast-compiling toy kernel."""
+    family = registry.get("tile_copy")
+    from mla_jit.configs.toy import tile_copy_config
+    return family.source(tile_copy_config(dtype, SM90.tuning), SM90)
