@@ -101,8 +101,8 @@ class PreparedLaunch:
     def __call__(self, stream: int, *args) -> None:
         """Launch on `stream` (a raw cudaStream_t handle, e.g. torch's stream.cuda_stream).
 
-        Scalars are given as Python numbers; Blob parameters as an Immutable (a TmaDescriptor)
-        or a ctypes.Structure of the blob's size.
+        Scalars are given as Python numbers; Blob parameters as an Immutable (a TmaDescriptor),
+        `bytes` of the blob's size (struct.pack), or a ctypes object of that size.
         """
         if len(args) != self._arity:
             raise TypeError(f"{self.kernel.name} takes {self._arity} arguments, got {len(args)}")
@@ -116,8 +116,9 @@ class PreparedLaunch:
                 if isinstance(value, Immutable):
                     ctypes.memmove(slot.address, value.address, slot.size)
                     slot.last = value
-                else:
-                    ctypes.memmove(slot.address, ctypes.addressof(value), slot.size)
+                else:  # packed bytes (struct.pack) or a ctypes object
+                    ctypes.memmove(slot.address, value if isinstance(value, bytes) else ctypes.addressof(value),
+                                   slot.size)
                     slot.last = None
             if stream != self._stream:
                 self._config.hStream = stream

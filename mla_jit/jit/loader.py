@@ -51,3 +51,16 @@ def get_kernel(binary: Binary, entry: str, device_index: int, dynamic_smem: int 
 
 def is_loaded(binary_key: str, entry: str, device_index: int) -> bool:
     return (binary_key, entry, device_index) in _functions
+
+
+def read_global_int32(binary: Binary, symbol: str, device_index: int) -> int:
+    """Value of an `extern "C" __device__ const int` in the binary (read once at load time)."""
+    import ctypes
+    driver = cu()
+    with _lock:
+        ensure_context(device_index)
+        dptr, size = check(driver.cuLibraryGetGlobal(_library(binary), symbol.encode()),
+                           f"cuLibraryGetGlobal({symbol})")
+        value = ctypes.c_int32()
+        check(driver.cuMemcpyDtoH(ctypes.addressof(value), dptr, 4), f"reading {symbol}")
+    return value.value

@@ -1,2 +1,2 @@
 """One module per kernel family; importing this package registers them all."""
-from . import toy  # noqa: F401
+from . import decode, toy  # noqa: F401

@@ -1,0 +1,188 @@
+"""FlashMLA-compatible dense paged MLA decode: get_mla_metadata and flash_mla_with_kvcache."""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from ..configs.decode import (BLOCK_M, SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, accum_rows,
+                              decode_config, metadata_config, num_sm_parts)
+from ..dtypes import name_of
+from ..errors import InvalidArgumentError
+from ..jit import tma
+from ..jit.arch import resolve_for_device
+from ..jit.launch import TMA_DESC, Blob
+from ..jit.loader import read_global_int32
+from ..jit.stream import current_stream
+from ..runtimes import registry
+from ..runtimes.decode import DECODE_PARAMS, METADATA_PARAMS
+from . import validate
+
+_QKV_DTYPES = (torch.bfloat16, torch.float16)
+_METADATA_SIZE = 8
+_LOG2E = 1.4426950408889634
+_MAX_Q_PER_KV = 128
+_MAX_S_Q = 4
+_MAX_H_KV = 8
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _int32_vector(name: str, value, length: int | None, device=None) -> torch.Tensor:
+    validate.tensor(name, value, dtypes=(torch.int32,), ndim=1, device=device, contiguous=True)
+    if length is not None and value.shape[0] != length:
+        raise InvalidArgumentError(name, f"shape ({length},)", f"shape {tuple(value.shape)}")
+    return value
+
+
+def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
+                     num_heads_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-KV schedule for one decoding step; reuse it for every layer.
+
+    Returns (tile_scheduler_metadata int32 (num_sm_parts, 8), num_splits int32 (b + 1,)).
+    Runs on the GPU only (no host sync), so it can be captured in a CUDA graph.
+    """
+    _int32_vector("cache_seqlens", cache_seqlens, None)
+    if not isinstance(num_q_tokens_per_head_k, int) or num_q_tokens_per_head_k < 1:
+        raise InvalidArgumentError("num_q_tokens_per_head_k", "a positive int (s_q * h_q // h_kv)",
+                                   repr(num_q_tokens_per_head_k))
+    if not isinstance(num_heads_k, int) or not 1 <= num_heads_k <= _MAX_H_KV:
+        raise InvalidArgumentError("num_heads_k", f"an int in [1, {_MAX_H_KV}]", repr(num_heads_k))
+    device = cache_seqlens.device.index
+    batch = cache_seqlens.shape[0]
+    parts = num_sm_parts(_num_sms(device), num_q_tokens_per_head_k, num_heads_k)
+    metadata = torch.empty((parts, _METADATA_SIZE), dtype=torch.int32, device=cache_seqlens.device)
+    num_splits = torch.empty((batch + 1,), dtype=torch.int32, device=cache_seqlens.device)
+    if batch == 0:
+        num_splits.zero_()
+        metadata.zero_()
+        return metadata, num_splits
+    family = registry.get("mla_metadata")
+    arch = resolve_for_device(device)
+    cfg = metadata_config()
+    launch = family.launcher(cfg, arch, family.ENTRY, device, (Blob(METADATA_PARAMS.size),), (1, 1, 1),
+                             (128, 1, 1))
+    params = METADATA_PARAMS.pack(cache_seqlens.data_ptr(), metadata.data_ptr(), num_splits.data_ptr(), batch,
+                                  parts, cfg.block_n, cfg.fixed_overhead_blocks)
+    launch(current_stream(device), params)
+    return metadata, num_splits
+
+
+def _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                       num_splits, softmax_scale):
+    validate.tensor("q", q, dtypes=_QKV_DTYPES, ndim=4, last_dim_contiguous=True)
+    device = q.device
+    validate.tensor("k_cache", k_cache, dtypes=(q.dtype,), ndim=4, device=device, contiguous=True)
+    b, s_q, h_q, d = q.shape
+    num_blocks, page_size, h_kv, d_k = k_cache.shape
+    if d_k != d:
+        raise InvalidArgumentError("k_cache", f"last dim {d} (q's head dim)", f"shape {tuple(k_cache.shape)}")
+    if not isinstance(head_dim_v, int) or (d, head_dim_v) not in SUPPORTED_HEAD_DIMS:
+        raise InvalidArgumentError("head_dim_v / q.shape[-1]",
+                                   f"(d, head_dim_v) in {list(SUPPORTED_HEAD_DIMS)}", f"({d}, {head_dim_v})")
+    if page_size not in SUPPORTED_PAGE_SIZES:
+        raise InvalidArgumentError("k_cache", f"page block size (dim 1) in {SUPPORTED_PAGE_SIZES}",
+                                   str(page_size))
+    if not 1 <= h_kv <= _MAX_H_KV or h_q % h_kv:
+        raise InvalidArgumentError("k_cache", f"h_kv (dim 2) in [1, {_MAX_H_KV}] dividing h_q={h_q}", str(h_kv))
+    if h_q // h_kv > _MAX_Q_PER_KV:
+        raise InvalidArgumentError("q", f"at most {_MAX_Q_PER_KV} query heads per KV head", str(h_q // h_kv))
+    if not 1 <= s_q <= _MAX_S_Q:
+        raise InvalidArgumentError("q", f"s_q (dim 1) in [1, {_MAX_S_Q}]", str(s_q))
+    if num_blocks * page_size >= 2 ** 31:
+        raise InvalidArgumentError("k_cache", "fewer than 2^31 tokens", str(num_blocks * page_size))
+    # Q rows are read with 16-byte vector loads.
+    if q.data_ptr() % 16 or q.stride(1) % 8 or q.stride(2) % 8 or q.stride(0) % 8:
+        raise InvalidArgumentError("q", "a 16-byte aligned base and strides that are multiples of 8 elements",
+                                   f"strides {q.stride()}")
+    validate.aligned("k_cache", k_cache, 16)
+    validate.tensor("block_table", block_table, dtypes=(torch.int32,), ndim=2, device=device,
+                    last_dim_contiguous=True)
+    if block_table.shape[0] != b:
+        raise InvalidArgumentError("block_table", f"{b} rows (q's batch)", f"shape {tuple(block_table.shape)}")
+    _int32_vector("cache_seqlens", cache_seqlens, b, device)
+    validate.tensor("tile_scheduler_metadata", tile_scheduler_metadata, dtypes=(torch.int32,), ndim=2,
+                    device=device, contiguous=True)
+    if tile_scheduler_metadata.shape[1] != _METADATA_SIZE or tile_scheduler_metadata.shape[0] < 1:
+        raise InvalidArgumentError("tile_scheduler_metadata", f"shape (num_sm_parts, {_METADATA_SIZE}) "
+                                   "from get_mla_metadata", f"shape {tuple(tile_scheduler_metadata.shape)}")
+    _int32_vector("num_splits", num_splits, b + 1, device)
+    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)):
+        raise InvalidArgumentError("softmax_scale", "a finite float or None", repr(softmax_scale))
+
+
+def _decode_plan(q, k_cache, head_dim_v: int, parts: int):
+    """(splitkv launch, combine launch, kv descriptor box) for this shape; cached."""
+    device = q.device.index
+    arch = resolve_for_device(device)
+    b, s_q, h_q, d = q.shape
+    _, page_size, h_kv, _ = k_cache.shape
+    family = registry.get("mla_decode_sm90")
+    plan_key = (device, q.dtype, b, s_q, h_q, d, head_dim_v, page_size, h_kv, parts, arch)
+    plan = family.plans.get(plan_key)
+    if plan is None:
+        cfg = decode_config(name_of(q.dtype), d, head_dim_v, page_size, arch.tuning)
+        rows = s_q * (h_q // h_kv)
+        smem_key = (cfg, arch, device)
+        smem = family.plans.get(smem_key)
+        if smem is None:
+            smem = family.plans[smem_key] = read_global_int32(family.binary(cfg, arch),
+                                                              f"{family.SPLITKV}_smem_bytes", device)
+        params = (Blob(DECODE_PARAMS.size), TMA_DESC)
+        splitkv = family.launcher(cfg, arch, family.SPLITKV, device, params,
+                                  (parts, h_kv, -(-rows // cfg.block_m)), (256, 1, 1), dynamic_smem=smem)
+        combine = family.launcher(cfg, arch, family.COMBINE, device, (Blob(DECODE_PARAMS.size),),
+                                  (b, h_kv, -(-rows // 8)), (256, 1, 1), pdl=True)
+        plan = family.plans[plan_key] = (splitkv, combine, (min(page_size, cfg.block_n), 1, 64))
+    return plan
+
+
+def _kv_descriptor(k_cache: torch.Tensor, box: tuple[int, int, int]) -> tma.TmaDescriptor:
+    descriptors = registry.get("mla_decode_sm90").descriptors
+    key = (k_cache.data_ptr(), k_cache.shape, k_cache.dtype)
+    desc = descriptors.get(key)
+    if desc is None:
+        if len(descriptors) > 1024:  # callers with ever-new caches: keep the memo bounded
+            descriptors.clear()
+        num_blocks, page_size, h_kv, d = k_cache.shape
+        desc = descriptors[key] = tma.tiled(k_cache.view(num_blocks * page_size, h_kv, d), box, swizzle=128)
+    return desc
+
+
+def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
+                           cache_seqlens: torch.Tensor, head_dim_v: int, tile_scheduler_metadata: torch.Tensor,
+                           num_splits: torch.Tensor, softmax_scale: float | None = None,
+                           causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Paged MLA decode (FlashMLA's API). Returns out (b, s_q, h_q, head_dim_v) in q's dtype and
+    lse (b, h_q, s_q) float32 (natural log; +inf for rows that see no key)."""
+    _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                       num_splits, softmax_scale)
+    b, s_q, h_q, d = q.shape
+    h_kv = k_cache.shape[2]
+    q_per_kv = h_q // h_kv
+    rows = s_q * q_per_kv
+    parts = tile_scheduler_metadata.shape[0]
+    out = torch.empty((b, s_q, h_q, head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device)
+    if b == 0:
+        return out, lse
+    slots = accum_rows(b, parts)
+    o_accum = torch.empty((slots, h_kv, rows, head_dim_v), dtype=torch.float32, device=q.device)
+    lse_accum = torch.empty((slots, h_kv, rows), dtype=torch.float32, device=q.device)
+    splitkv, combine, box = _decode_plan(q, k_cache, head_dim_v, parts)
+    desc = _kv_descriptor(k_cache, box)
+    scale = float(softmax_scale) if softmax_scale is not None else d ** -0.5
+    params = DECODE_PARAMS.pack(
+        q.data_ptr(), out.data_ptr(), lse.data_ptr(), o_accum.data_ptr(), lse_accum.data_ptr(),
+        block_table.data_ptr(), cache_seqlens.data_ptr(), tile_scheduler_metadata.data_ptr(),
+        num_splits.data_ptr(), q.stride(0), q.stride(1), q.stride(2), block_table.stride(0),
+        b, s_q, h_q, h_kv, q_per_kv, rows, parts, block_table.shape[1], scale, scale * _LOG2E,
+        1 if causal and s_q > 1 else 0)
+    stream = current_stream(q.device.index)
+    splitkv(stream, params, desc)
+    combine(stream, params)
+    return out, lse

@@ -1,0 +1,66 @@
+"""Dense paged MLA decode on sm90: scheduler metadata, split-KV main kernel, combine."""
+from __future__ import annotations
+
+import struct
+from typing import Any, Iterable
+
+from ..configs.decode import (SUPPORTED_HEAD_DIMS, DecodeConfig, MetadataConfig, decode_config,
+                              metadata_config)
+from ..dtypes import cpp_type
+from ..jit.arch import Arch, ArchPair
+from ..presets import Preset
+from .base import KernelFamily
+from .registry import register
+
+# C layouts of decode/common.cuh's parameter structs (little endian, natural alignment).
+DECODE_PARAMS = struct.Struct("<9Q4q8i2fi4x")     # DecodeParams, 152 bytes
+METADATA_PARAMS = struct.Struct("<3Q4i")          # MetadataParams, 40 bytes
+assert DECODE_PARAMS.size == 152 and METADATA_PARAMS.size == 40
+
+
+@register
+class MlaMetadataFamily(KernelFamily[MetadataConfig]):
+    name = "mla_metadata"
+    template = "mla_metadata.cu.j2"
+    config_type = MetadataConfig
+    ops = ("get_mla_metadata", "flash_mla_with_kvcache")
+    tunings = ("sm_90a",)
+    ENTRY = "mla_jit_mla_metadata"
+
+    def entry_points(self, cfg: MetadataConfig) -> tuple[str, ...]:
+        return (self.ENTRY,)
+
+    def render_context(self, cfg: MetadataConfig, arch: ArchPair) -> dict[str, Any]:
+        return {"entry": self.ENTRY, "block_n": cfg.block_n}
+
+    def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[MetadataConfig]:
+        return [metadata_config()]
+
+
+@register
+class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
+    name = "mla_decode_sm90"
+    template = "mla_decode_sm90.cu.j2"
+    config_type = DecodeConfig
+    ops = ("flash_mla_with_kvcache",)
+    tunings = ("sm_90a",)
+    SPLITKV = "mla_jit_decode_splitkv"
+    COMBINE = "mla_jit_decode_combine"
+
+    def entry_points(self, cfg: DecodeConfig) -> tuple[str, ...]:
+        return (self.SPLITKV, self.COMBINE)
+
+    def render_context(self, cfg: DecodeConfig, arch: ArchPair) -> dict[str, Any]:
+        return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "dtype": cpp_type(cfg.dtype),
+                "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "page_size": cfg.page_size,
+                "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages}
+
+    def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[DecodeConfig]:
+        seen: list[DecodeConfig] = []
+        for p in presets:
+            if (p.head_dim, p.head_dim_v) not in SUPPORTED_HEAD_DIMS:
+                continue
+            cfg = decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch)
+            if cfg not in seen:
+                seen.append(cfg)
+        return seen
