@@ -13,7 +13,14 @@ if ! python3 -c "import cutlass_library" 2>/dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-python3 -m pytest -q -m gpu -p no:cacheprovider "$@" tests 2>&1 | tee "$OUT/pytest.log" | tail -n 40
+# Compile the decode kernels the tests use in parallel first (the tests then load them from disk).
+cfg="head_dim_v=512,block_m=64,block_n=64,num_stages=2"
+python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache \
+  --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=16,$cfg" \
+  --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=256,$cfg" \
+  --config "mla_decode_sm90:dtype=fp16,head_dim=576,page_size=64,$cfg" \
+  --config "mla_decode_sm90:dtype=bf16,head_dim=512,page_size=64,$cfg" 2>&1 | tail -n 3
+python3 -m pytest -q -m gpu -p no:cacheprovider "$@" tests 2>&1 | tee "$OUT/pytest.log" | tail -n 60
 status=${PIPESTATUS[0]}
 python3 bench/bench_jit.py --json "$OUT/bench_jit.json" 2>&1 | tee "$OUT/bench_jit.log" | tail -n 12
 if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then

@@ -1,0 +1,124 @@
+"""Dense MLA decode vs the FlashMLA figures of shared ANCHORS.md (H200), same recipe and formulas.
+
+Inputs as FlashMLA's dense decode test: d=576, dv=512, h_kv=1, page 64, randomly permuted block
+table, varlen lengths ~ Normal(s_k, s_k/2) clipped at s_q (seed 0), q and k ~ N(0, 0.1^2) clipped
+to [-1, 1]. Time: the whole call (metadata computed once and reused; split-KV + combine), CUDA
+events, L2 flushed before each of 20 iterations, median.
+Usage: python bench/bench_decode.py [--json PATH] [--rows N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+
+import mla_jit
+
+COPY_GBPS = 4273.0      # H200 copy bandwidth (read + write), ANCHORS.md
+MATMUL_TFLOPS = 790.0   # H200 bf16 matmul, ANCHORS.md
+
+# b, s_q, s_k, h_q, causal, FlashMLA us (ANCHORS.md, H200)
+ANCHOR_ROWS = [
+    (128, 1, 4096, 128, 0, 253.7), (128, 1, 8192, 128, 0, 463.5), (128, 1, 16384, 128, 0, 885.7),
+    (128, 1, 32768, 128, 0, 1731.1), (128, 2, 4096, 128, 0, 438.4), (128, 2, 8192, 128, 0, 831.7),
+    (128, 2, 16384, 128, 0, 1611.8), (128, 2, 32768, 128, 0, 3182.2), (128, 2, 4096, 128, 1, 439.9),
+    (128, 2, 32768, 128, 1, 3430.7), (32, 1, 4096, 16, 0, 55.1), (32, 1, 32768, 16, 0, 311.2),
+    (32, 1, 4096, 32, 0, 56.3), (32, 1, 32768, 32, 0, 313.7), (32, 1, 4096, 64, 0, 60.0),
+    (32, 1, 32768, 64, 0, 317.7), (128, 1, 4096, 16, 0, 175.0), (128, 1, 32768, 16, 0, 1160.3),
+    (128, 1, 4096, 32, 0, 178.0), (128, 1, 32768, 32, 0, 1166.9), (128, 1, 4096, 64, 0, 185.1),
+    (128, 1, 32768, 64, 0, 1190.0),
+]
+D, DV, H_KV, PAGE = 576, 512, 1, 64
+
+
+def make_inputs(b, s_q, s_k, h_q, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.normal(float(s_k), s_k / 2, (b,), generator=gen).clamp(min=s_q).round().to(torch.int32)
+    max_blocks = math.ceil(int(lens.max()) / 256) * 256 // PAGE
+    block_table = torch.randperm(b * max_blocks, generator=gen).view(b, max_blocks).to(torch.int32).cuda()
+    torch.manual_seed(seed)
+    q = (torch.randn(b, s_q, h_q, D, device="cuda") * 0.1).clamp_(-1, 1).to(torch.bfloat16)
+    k_cache = torch.empty(b * max_blocks, PAGE, H_KV, D, device="cuda", dtype=torch.bfloat16)
+    for chunk in k_cache.split(4096):  # fill in chunks: no fp32 copy of the whole cache
+        chunk.copy_((torch.randn(chunk.shape, device="cuda") * 0.1).clamp_(-1, 1))
+    return q, k_cache, block_table, lens.cuda()
+
+
+def time_call(fn, flush: torch.Tensor, iters: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def host_time_us(fn, calls: int = 200, rounds: int = 10) -> float:
+    samples = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json")
+    parser.add_argument("--rows", type=int, default=len(ANCHOR_ROWS))
+    args = parser.parse_args()
+    flush = torch.empty(2 ** 30 // 4 * 2, dtype=torch.float32, device="cuda")  # 2 GB > L2
+    results = []
+    for b, s_q, s_k, h_q, causal, anchor_us in ANCHOR_ROWS[:args.rows]:
+        q, k_cache, block_table, lens = make_inputs(b, s_q, s_k, h_q)
+        metadata, num_splits = mla_jit.get_mla_metadata(lens, s_q * h_q // H_KV, H_KV)
+
+        def call():
+            return mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, DV, metadata, num_splits,
+                                                  causal=bool(causal))
+        us = time_call(call, flush)
+        mean = lens.float().mean().item()
+        flop = b * h_q * s_q * (2 * D * mean + 2 * mean * DV)
+        nbytes = b * (s_q * h_q * D * 2 + mean * H_KV * D * 2 + s_q * h_q * DV * 2)
+        tflops, gbps = flop / us / 1e6, nbytes / us / 1e3
+        roofline = max(tflops / MATMUL_TFLOPS, gbps / COPY_GBPS)
+        results.append({"b": b, "s_q": s_q, "s_k": s_k, "h_q": h_q, "causal": causal, "us": us,
+                        "tflops": tflops, "gbps": gbps, "flashmla_us": anchor_us, "ratio": anchor_us / us,
+                        "roofline_fraction": roofline})
+        del q, k_cache, block_table
+        torch.cuda.empty_cache()
+
+    q, k_cache, block_table, lens = make_inputs(32, 1, 4096, 16)
+    metadata, num_splits = mla_jit.get_mla_metadata(lens, 16, 1)
+    host = {"decode_call_us": host_time_us(lambda: mla_jit.flash_mla_with_kvcache(
+                q, k_cache, block_table, lens, DV, metadata, num_splits)),
+            "metadata_call_us": host_time_us(lambda: mla_jit.get_mla_metadata(lens, 16, 1))}
+    report = {"gpu": torch.cuda.get_device_name(0), "rows": results, "host": host}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    print(f"\n== dense MLA decode vs FlashMLA ({report['gpu']}) ==")
+    print(f"{'b':>4} {'sq':>2} {'sk':>6} {'hq':>4} {'c':>1} {'us':>8} {'TFLOPS':>7} {'GB/s':>6} "
+          f"{'FlashMLA':>8} {'ratio':>6} {'roof':>5}")
+    for r in results:
+        print(f"{r['b']:>4} {r['s_q']:>2} {r['s_k']:>6} {r['h_q']:>4} {r['causal']:>1} {r['us']:8.1f} "
+              f"{r['tflops']:7.0f} {r['gbps']:6.0f} {r['flashmla_us']:8.1f} {r['ratio']:6.2f} "
+              f"{r['roofline_fraction']:5.2f}")
+    print(f"host time per warm call: decode {host['decode_call_us']:.1f} us, metadata {host['metadata_call_us']:.1f} us")
+
+
+if __name__ == "__main__":
+    main()

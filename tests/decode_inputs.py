@@ -1,0 +1,59 @@
+"""Inputs for decode tests and benchmarks, following FlashMLA's own test recipe."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    b: int
+    s_q: int
+    s_k: int
+    h_q: int
+    h_kv: int = 1
+    varlen: bool = False
+    causal: bool = False
+    page: int = 64
+    dtype: torch.dtype = torch.bfloat16
+    d: int = 576
+    dv: int = 512
+    zero_lens: bool = False  # make some sequences empty
+
+    def __str__(self) -> str:
+        return (f"b{self.b}-sq{self.s_q}-sk{self.s_k}-hq{self.h_q}-hkv{self.h_kv}-{'var' if self.varlen else 'fix'}"
+                f"-c{int(self.causal)}-p{self.page}-{str(self.dtype)[6:]}-d{self.d}{'-zeros' if self.zero_lens else ''}")
+
+
+def make_inputs(case: DecodeCase, seed: int = 0, poison: bool = True):
+    """q, k_cache, block_table, cache_seqlens. With poison: NaN in every cache slot past each
+    sequence's end (and in unused pages), garbage in the block table past each sequence."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dev = "cuda"
+    if case.varlen:
+        lens = torch.normal(float(case.s_k), case.s_k / 2, (case.b,), generator=gen)
+        lens = lens.clamp(min=case.s_q).round().to(torch.int32)
+    else:
+        lens = torch.full((case.b,), case.s_k, dtype=torch.int32)
+    if case.zero_lens:
+        lens[::3] = 0
+    max_len = max(int(lens.max()), 1)
+    max_blocks = math.ceil(max_len / 256) * 256 // case.page
+    num_blocks = case.b * max_blocks
+    block_table = torch.randperm(num_blocks, generator=gen).view(case.b, max_blocks).to(torch.int32)
+    q = (torch.randn(case.b, case.s_q, case.h_q, case.d, generator=gen) * 0.1).clamp(-1, 1)
+    k_cache = (torch.randn(num_blocks, case.page, case.h_kv, case.d, generator=gen) * 0.1).clamp(-1, 1)
+    if poison:
+        flat = k_cache.view(num_blocks * case.page, case.h_kv, case.d)
+        positions = torch.arange(max_blocks * case.page)
+        for i in range(case.b):
+            unused = positions[positions >= int(lens[i])]
+            phys = block_table[i, unused // case.page].long() * case.page + unused % case.page
+            flat[phys] = float("nan")
+            used_blocks = math.ceil(int(lens[i]) / case.page)
+            tail = block_table[i, used_blocks:]
+            block_table[i, used_blocks:] = torch.where(torch.arange(tail.numel()) % 2 == 0,
+                                                       torch.full_like(tail, 2 ** 30), torch.full_like(tail, -7))
+    return (q.to(case.dtype).to(dev), k_cache.to(case.dtype).to(dev), block_table.to(dev), lens.to(dev))

@@ -1,0 +1,160 @@
+"""Dense paged MLA decode on a Hopper GPU against a float32 torch reference (FlashMLA's bounds)."""
+import itertools
+import math
+import os
+
+import pytest
+import torch
+
+import mla_jit
+
+from .decode_inputs import DecodeCase, make_inputs
+from .decode_reference import mla_decode_reference
+
+pytestmark = pytest.mark.gpu
+
+
+def _grid() -> list[DecodeCase]:
+    heads = [(1, 1), (3, 1), (9, 3), (63, 1), (64, 1), (126, 2), (128, 1), (16, 8), (64, 2), (128, 8)]
+    batches = [1, 2, 6, 64]
+    cases = []
+    full = os.environ.get("MLA_JIT_FULL_GRID") == "1"
+    combos = itertools.product([1, 2, 4], [20, 140, 4096], [False, True], [False, True])
+    for n, (s_q, s_k, causal, varlen) in enumerate(combos):
+        head_list = heads if full else [heads[n % len(heads)], heads[(n * 7 + 3) % len(heads)]]
+        for h_q, h_kv in head_list:
+            b = batches[(n + h_q) % len(batches)]
+            if s_k == 4096 and b == 64 and not full:
+                b = 6
+            cases.append(DecodeCase(b, s_q, s_k, h_q, h_kv, varlen, causal))
+    for page in (16, 256):
+        for s_q, s_k, h_q, causal in ((1, 140, 128, False), (2, 4096, 64, True), (4, 20, 9, True)):
+            cases.append(DecodeCase(6, s_q, s_k, h_q, 1, True, causal, page=page))
+    cases += [DecodeCase(6, 2, 140, 64, 1, True, True, dtype=torch.float16),
+              DecodeCase(2, 1, 4096, 128, 1, False, False, dtype=torch.float16),
+              DecodeCase(6, 1, 140, 16, 1, True, False, d=512),
+              DecodeCase(2, 2, 4096, 128, 2, True, True, d=512),
+              DecodeCase(128, 1, 4096, 16, 1, True, False, zero_lens=True),
+              DecodeCase(128, 2, 140, 128, 1, True, True, zero_lens=True),
+              DecodeCase(2, 1, 131072, 16, 1, False, False),
+              DecodeCase(1, 4, 65536, 128, 1, False, True)]
+    return cases
+
+
+def _poison_allocator(*shapes_dtypes):
+    """Best effort: hand NaN-filled blocks back to the caching allocator so the op's outputs start
+    as NaN rather than as zeros or old results (unwritten elements then fail the checks)."""
+    for shape, dtype in shapes_dtypes:
+        torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def _run(case: DecodeCase, q, k_cache, block_table, lens):
+    metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
+    _poison_allocator(((case.b, case.s_q, case.h_q, case.dv), case.dtype), ((case.b, case.h_q, case.s_q),
+                                                                            torch.float32))
+    return mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, case.dv, metadata, num_splits,
+                                          causal=case.causal)
+
+
+def assert_decode_close(out, lse, ref_out, ref_lse):
+    out = out.float()
+    assert torch.equal(torch.isnan(out), torch.isnan(ref_out)) and not torch.isnan(out).any()
+    close = ((out - ref_out).abs() <= 8e-4) | ((out - ref_out).abs() <= 2 / 128 * ref_out.abs())
+    assert close.all(), f"out: {(~close).sum().item()} elements off, max abs err {(out - ref_out).abs().max():.3g}"
+    x, y = out.double(), ref_out.double()
+    denom = (x * x + y * y).sum()
+    if denom > 0:
+        cos_diff = (1 - 2 * (x * y).sum() / denom).item()
+        assert cos_diff < 5e-6, f"cosine difference {cos_diff:.3g}"
+    inf_ref = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), inf_ref), "lse infinities differ from the reference"
+    assert not torch.isnan(lse).any()
+    finite = ~inf_ref
+    lse_close = ((lse - ref_lse).abs() <= 1e-6) | ((lse - ref_lse).abs() <= 1.25e-4 * ref_lse.abs())
+    assert lse_close[finite].all(), f"lse max abs err {(lse - ref_lse)[finite].abs().max():.3g}"
+
+
+@pytest.mark.parametrize("case", _grid(), ids=str)
+def test_decode_matches_reference(case):
+    q, k_cache, block_table, lens = make_inputs(case, seed=hash(str(case)) % 1000)
+    out, lse = _run(case, q, k_cache, block_table, lens)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, lens, case.dv, causal=case.causal)
+    assert out.shape == (case.b, case.s_q, case.h_q, case.dv) and out.dtype == case.dtype
+    assert lse.shape == (case.b, case.h_q, case.s_q) and lse.dtype == torch.float32
+    assert_decode_close(out, lse, ref_out, ref_lse)
+
+
+def test_all_sequences_empty():
+    case = DecodeCase(4, 2, 64, 16)
+    q, k_cache, block_table, _ = make_inputs(case)
+    lens = torch.zeros(4, dtype=torch.int32, device="cuda")
+    out, lse = _run(case, q, k_cache, block_table, lens)
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.isinf(lse).all() and (lse > 0).all()
+
+
+def test_cuda_graph_capture_and_replay_match_eager():
+    case = DecodeCase(16, 2, 1024, 64, 1, True, True)
+    q, k_cache, block_table, lens = make_inputs(case)
+    eager_out, eager_lse = _run(case, q, k_cache, block_table, lens)  # warms every kernel
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
+        g_out, g_lse = mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, case.dv, metadata,
+                                                      num_splits, causal=case.causal)
+    g_out.fill_(float("nan"))
+    g_lse.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(g_out, eager_out) and torch.equal(g_lse, eager_lse)
+    # Same graph, new lengths: the captured metadata kernel recomputes the schedule.
+    lens.copy_(torch.clamp(lens // 3, min=case.s_q))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, lens, case.dv, causal=case.causal)
+    assert_decode_close(g_out, g_lse, ref_out, ref_lse)
+
+
+def test_metadata_is_a_valid_partition():
+    lens = torch.tensor([0, 1, 64, 65, 4096, 131072, 7, 0, 300], dtype=torch.int32, device="cuda")
+    metadata, num_splits = mla_jit.get_mla_metadata(lens, 64, 1)
+    torch.cuda.synchronize()
+    meta, splits = metadata.cpu().tolist(), num_splits.cpu().tolist()
+    covered = {i: [] for i in range(len(lens))}
+    for begin_b, begin_t, end_b, end_t, _, *_ in meta:
+        if (begin_b, begin_t) == (end_b, end_t):
+            continue
+        for i in range(begin_b, end_b + 1):
+            lo = begin_t if i == begin_b else 0
+            hi = end_t if i == end_b else int(lens[i])
+            if hi > lo:
+                covered[i].append((lo, hi))
+    for i, L in enumerate(lens.tolist()):
+        spans = sorted(covered[i])
+        assert sum(h - l for l, h in spans) == L, (i, spans)
+        assert all(spans[k][1] == spans[k + 1][0] for k in range(len(spans) - 1))
+        assert splits[i + 1] - splits[i] == (len(spans) if L else 0)
+
+
+def test_bad_arguments_raise_typed_errors():
+    case = DecodeCase(2, 1, 128, 16)
+    q, k_cache, block_table, lens = make_inputs(case)
+    metadata, num_splits = mla_jit.get_mla_metadata(lens, 16, 1)
+    good = dict(q=q, k_cache=k_cache, block_table=block_table, cache_seqlens=lens, head_dim_v=512,
+                tile_scheduler_metadata=metadata, num_splits=num_splits)
+    bad = [("q", q.float(), "q"), ("k_cache", k_cache.half(), "k_cache"), ("head_dim_v", 256, "head_dim_v"),
+           ("block_table", block_table.long(), "block_table"), ("cache_seqlens", lens[:1], "cache_seqlens"),
+           ("num_splits", num_splits[:-1], "num_splits"), ("q", q[..., :512], "k_cache"),
+           ("k_cache", k_cache.view(-1, 32, 1, 576)[:, :24], "k_cache"),
+           ("q", q.expand(2, 5, 16, 576), "s_q"), ("tile_scheduler_metadata", metadata[:, :4],
+                                                   "tile_scheduler_metadata")]
+    for name, value, match in bad:
+        with pytest.raises(mla_jit.InvalidArgumentError, match=match):
+            mla_jit.flash_mla_with_kvcache(**{**good, name: value})
+    with pytest.raises(mla_jit.InvalidArgumentError, match="num_heads_k"):
+        mla_jit.get_mla_metadata(lens, 16, 0)
