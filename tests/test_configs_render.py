@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import mla_jit
+from mla_jit import presets
 from mla_jit.jit import arch as arch_mod
 from mla_jit.jit import render, tma
 from mla_jit.jit.arch import Arch, parse_arch
@@ -48,7 +49,7 @@ def _all_configs():
     for family in registry.families().values():
         for tuning in family.tunings:
             pair = arch_mod.resolve_for_build(tuning)
-            for cfg in family.prewarm_configs(pair.tuning, []):
+            for cfg in family.prewarm_configs(pair.tuning, presets.resolve(None)):
                 out.append((family, cfg, pair))
     return out
 

@@ -46,30 +46,47 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
     Returns (tile_scheduler_metadata int32 (num_sm_parts, 8), num_splits int32 (b + 1,)).
     Runs on the GPU only (no host sync), so it can be captured in a CUDA graph.
     """
-    _int32_vector("cache_seqlens", cache_seqlens, None)
-    if not isinstance(num_q_tokens_per_head_k, int) or num_q_tokens_per_head_k < 1:
-        raise InvalidArgumentError("num_q_tokens_per_head_k", "a positive int (s_q * h_q // h_kv)",
-                                   repr(num_q_tokens_per_head_k))
-    if not isinstance(num_heads_k, int) or not 1 <= num_heads_k <= _MAX_H_KV:
-        raise InvalidArgumentError("num_heads_k", f"an int in [1, {_MAX_H_KV}]", repr(num_heads_k))
-    device = cache_seqlens.device.index
-    batch = cache_seqlens.shape[0]
-    parts = num_sm_parts(_num_sms(device), num_q_tokens_per_head_k, num_heads_k)
+    family = registry.get("mla_metadata")
+    try:
+        signature = (cache_seqlens.shape, cache_seqlens.dtype, cache_seqlens.stride(), cache_seqlens.get_device(),
+                     num_q_tokens_per_head_k, num_heads_k)
+        plan = family.plans.get(signature)
+    except (AttributeError, TypeError):  # not a tensor, or an unhashable count: full checks below
+        plan = None
+    if plan is None:
+        plan = _metadata_plan(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
+        family.plans[signature] = plan
+    launch, parts, batch = plan
     metadata = torch.empty((parts, _METADATA_SIZE), dtype=torch.int32, device=cache_seqlens.device)
     num_splits = torch.empty((batch + 1,), dtype=torch.int32, device=cache_seqlens.device)
     if batch == 0:
         num_splits.zero_()
         metadata.zero_()
         return metadata, num_splits
-    family = registry.get("mla_metadata")
-    arch = resolve_for_device(device)
     cfg = metadata_config()
-    launch = family.launcher(cfg, arch, family.ENTRY, device, (Blob(METADATA_PARAMS.size),), (1, 1, 1),
-                             (128, 1, 1))
-    params = METADATA_PARAMS.pack(cache_seqlens.data_ptr(), metadata.data_ptr(), num_splits.data_ptr(), batch,
-                                  parts, cfg.block_n, cfg.fixed_overhead_blocks)
-    launch(current_stream(device), params)
+    launch(current_stream(cache_seqlens.get_device()),
+           METADATA_PARAMS.pack(cache_seqlens.data_ptr(), metadata.data_ptr(), num_splits.data_ptr(), batch,
+                                parts, cfg.block_n, cfg.fixed_overhead_blocks))
     return metadata, num_splits
+
+
+def _metadata_plan(cache_seqlens, num_q_tokens_per_head_k, num_heads_k):
+    """Validate get_mla_metadata's arguments; return (launch, num_sm_parts, batch) for them."""
+    _int32_vector("cache_seqlens", cache_seqlens, None)
+    if not isinstance(num_q_tokens_per_head_k, int) or num_q_tokens_per_head_k < 1:
+        raise InvalidArgumentError("num_q_tokens_per_head_k", "a positive int (s_q * h_q // h_kv)",
+                                   repr(num_q_tokens_per_head_k))
+    if not isinstance(num_heads_k, int) or not 1 <= num_heads_k <= _MAX_H_KV:
+        raise InvalidArgumentError("num_heads_k", f"an int in [1, {_MAX_H_KV}]", repr(num_heads_k))
+    device = cache_seqlens.get_device()
+    batch = cache_seqlens.shape[0]
+    parts = num_sm_parts(_num_sms(device), num_q_tokens_per_head_k, num_heads_k)
+    launch = None
+    if batch:
+        family = registry.get("mla_metadata")
+        launch = family.launcher(metadata_config(), resolve_for_device(device), family.ENTRY, device,
+                                 (Blob(METADATA_PARAMS.size),), (1, 1, 1), (128, 1, 1))
+    return launch, parts, batch
 
 
 def _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
@@ -116,29 +133,24 @@ def _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_
 
 
 def _decode_plan(q, k_cache, head_dim_v: int, parts: int):
-    """(splitkv launch, combine launch, kv descriptor box) for this shape; cached."""
-    device = q.device.index
+    """(splitkv launch, combine launch, kv descriptor box) for this shape; cached by the caller."""
+    device = q.get_device()
     arch = resolve_for_device(device)
     b, s_q, h_q, d = q.shape
     _, page_size, h_kv, _ = k_cache.shape
     family = registry.get("mla_decode_sm90")
-    plan_key = (device, q.dtype, b, s_q, h_q, d, head_dim_v, page_size, h_kv, parts, arch)
-    plan = family.plans.get(plan_key)
-    if plan is None:
-        cfg = decode_config(name_of(q.dtype), d, head_dim_v, page_size, arch.tuning)
-        rows = s_q * (h_q // h_kv)
-        smem_key = (cfg, arch, device)
-        smem = family.plans.get(smem_key)
-        if smem is None:
-            smem = family.plans[smem_key] = read_global_int32(family.binary(cfg, arch),
-                                                              f"{family.SPLITKV}_smem_bytes", device)
-        params = (Blob(DECODE_PARAMS.size), TMA_DESC)
-        splitkv = family.launcher(cfg, arch, family.SPLITKV, device, params,
-                                  (parts, h_kv, -(-rows // cfg.block_m)), (256, 1, 1), dynamic_smem=smem)
-        combine = family.launcher(cfg, arch, family.COMBINE, device, (Blob(DECODE_PARAMS.size),),
-                                  (b, h_kv, -(-rows // 8)), (256, 1, 1), pdl=True)
-        plan = family.plans[plan_key] = (splitkv, combine, (min(page_size, cfg.block_n), 1, 64))
-    return plan
+    cfg = decode_config(name_of(q.dtype), d, head_dim_v, page_size, arch.tuning)
+    rows = s_q * (h_q // h_kv)
+    smem_key = (cfg, arch, device)
+    smem = family.plans.get(smem_key)
+    if smem is None:
+        smem = family.plans[smem_key] = read_global_int32(family.binary(cfg, arch),
+                                                          f"{family.SPLITKV}_smem_bytes", device)
+    splitkv = family.launcher(cfg, arch, family.SPLITKV, device, (Blob(DECODE_PARAMS.size), TMA_DESC),
+                              (parts, h_kv, -(-rows // cfg.block_m)), (256, 1, 1), dynamic_smem=smem)
+    combine = family.launcher(cfg, arch, family.COMBINE, device, (Blob(DECODE_PARAMS.size),),
+                              (b, h_kv, -(-rows // 8)), (256, 1, 1), pdl=True)
+    return splitkv, combine, (min(page_size, cfg.block_n), 1, 64)
 
 
 def _kv_descriptor(k_cache: torch.Tensor, box: tuple[int, int, int]) -> tma.TmaDescriptor:
@@ -153,36 +165,67 @@ def _kv_descriptor(k_cache: torch.Tensor, box: tuple[int, int, int]) -> tma.TmaD
     return desc
 
 
+def _signature(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits):
+    """Everything _check_decode_args looks at except data pointers, as one hashable tuple: a call
+    whose signature was validated before skips the checks (alignment is re-checked every call)."""
+    return (q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), k_cache.dtype,
+            k_cache.get_device(), block_table.shape, block_table.stride(), block_table.dtype,
+            block_table.get_device(), cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
+            cache_seqlens.get_device(), tile_scheduler_metadata.shape, tile_scheduler_metadata.stride(),
+            tile_scheduler_metadata.dtype, tile_scheduler_metadata.get_device(), num_splits.shape,
+            num_splits.stride(), num_splits.dtype, num_splits.get_device(), head_dim_v)
+
+
 def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
                            cache_seqlens: torch.Tensor, head_dim_v: int, tile_scheduler_metadata: torch.Tensor,
                            num_splits: torch.Tensor, softmax_scale: float | None = None,
                            causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged MLA decode (FlashMLA's API). Returns out (b, s_q, h_q, head_dim_v) in q's dtype and
     lse (b, h_q, s_q) float32 (natural log; +inf for rows that see no key)."""
-    _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
-                       num_splits, softmax_scale)
+    family = registry.get("mla_decode_sm90")
+    try:
+        signature = _signature(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                               num_splits)
+        plan = family.plans.get(signature)
+    except (AttributeError, TypeError):  # a non-tensor argument: the full checks name it
+        plan = signature = None
+    if plan is None:
+        _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                           num_splits, softmax_scale)
+        parts = tile_scheduler_metadata.shape[0]
+        plan = (*_decode_plan(q, k_cache, head_dim_v, parts), parts) if q.shape[0] else None
+        if plan is not None:
+            family.plans[signature] = plan
+    q_ptr, k_ptr = q.data_ptr(), k_cache.data_ptr()
+    if q_ptr % 16 or k_ptr % 16:
+        raise InvalidArgumentError("q/k_cache", "16-byte aligned data pointers", f"{hex(q_ptr)}, {hex(k_ptr)}")
+    if softmax_scale is None:
+        scale = q.shape[3] ** -0.5
+    elif isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale):
+        scale = float(softmax_scale)
+    else:
+        raise InvalidArgumentError("softmax_scale", "a finite float or None", repr(softmax_scale))
     b, s_q, h_q, d = q.shape
-    h_kv = k_cache.shape[2]
-    q_per_kv = h_q // h_kv
-    rows = s_q * q_per_kv
-    parts = tile_scheduler_metadata.shape[0]
-    out = torch.empty((b, s_q, h_q, head_dim_v), dtype=q.dtype, device=q.device)
-    lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device)
-    if b == 0:
+    device = q.device
+    out = torch.empty((b, s_q, h_q, head_dim_v), dtype=q.dtype, device=device)
+    lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=device)
+    if plan is None:  # b == 0
         return out, lse
-    slots = accum_rows(b, parts)
-    o_accum = torch.empty((slots, h_kv, rows, head_dim_v), dtype=torch.float32, device=q.device)
-    lse_accum = torch.empty((slots, h_kv, rows), dtype=torch.float32, device=q.device)
-    splitkv, combine, box = _decode_plan(q, k_cache, head_dim_v, parts)
-    desc = _kv_descriptor(k_cache, box)
-    scale = float(softmax_scale) if softmax_scale is not None else d ** -0.5
+    splitkv, combine, box, parts = plan
+    h_kv = k_cache.shape[2]
+    rows = s_q * (h_q // h_kv)
+    # One scratch allocation for both partial buffers: o_accum then lse_accum (float32).
+    o_accum_elems = accum_rows(b, parts) * h_kv * rows * head_dim_v
+    accum = torch.empty((o_accum_elems + accum_rows(b, parts) * h_kv * rows,), dtype=torch.float32,
+                        device=device)
+    accum_ptr = accum.data_ptr()
     params = DECODE_PARAMS.pack(
-        q.data_ptr(), out.data_ptr(), lse.data_ptr(), o_accum.data_ptr(), lse_accum.data_ptr(),
+        q_ptr, out.data_ptr(), lse.data_ptr(), accum_ptr, accum_ptr + 4 * o_accum_elems,
         block_table.data_ptr(), cache_seqlens.data_ptr(), tile_scheduler_metadata.data_ptr(),
-        num_splits.data_ptr(), q.stride(0), q.stride(1), q.stride(2), block_table.stride(0),
-        b, s_q, h_q, h_kv, q_per_kv, rows, parts, block_table.shape[1], scale, scale * _LOG2E,
+        num_splits.data_ptr(), *q.stride()[:3], block_table.stride(0),
+        b, s_q, h_q, h_kv, h_q // h_kv, rows, parts, block_table.shape[1], scale, scale * _LOG2E,
         1 if causal and s_q > 1 else 0)
-    stream = current_stream(q.device.index)
-    splitkv(stream, params, desc)
+    stream = current_stream(device.index)
+    splitkv(stream, params, _kv_descriptor(k_cache, box))
     combine(stream, params)
     return out, lse

@@ -1,0 +1,57 @@
+"""GPU-free checks of the decode family: configs, rendering for the whole supported grid, and
+compile-only of the metadata, split-KV and combine kernels with ptxas's resource report."""
+import itertools
+
+import pytest
+
+from mla_jit import presets
+from mla_jit.configs.decode import (SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, accum_rows, decode_config,
+                                    metadata_config, num_sm_parts)
+from mla_jit.jit.build import build
+from mla_jit.runtimes import registry
+from mla_jit.runtimes.decode import DECODE_PARAMS
+
+from .helpers import SM90
+
+
+def test_num_sm_parts_fills_one_wave():
+    assert num_sm_parts(132, 128, 1) == 66      # two 64-row tiles per KV head
+    assert num_sm_parts(132, 16, 1) == 132
+    assert num_sm_parts(132, 512, 8) == 2
+    assert num_sm_parts(132, 512, 8 * 100) == 1  # never zero
+    assert accum_rows(128, 132) == 260
+
+
+def test_every_supported_config_renders():
+    family = registry.get("mla_decode_sm90")
+    names = set()
+    for dtype, (d, dv), page in itertools.product(("bf16", "fp16"), SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES):
+        cfg = decode_config(dtype, d, dv, page, SM90.tuning)
+        src = family.source(cfg, SM90)
+        assert f"SplitKVConfig<cutlass::{'bfloat16_t' if dtype == 'bf16' else 'half_t'}, {d}, {dv}," in src.source
+        assert f"{page}, 64, 64, 2>" in src.source
+        names.add(src.name)
+    assert len(names) == 2 * len(SUPPORTED_HEAD_DIMS) * len(SUPPORTED_PAGE_SIZES)
+
+
+def test_prewarm_covers_every_preset():
+    family = registry.get("mla_decode_sm90")
+    cfgs = list(family.prewarm_configs(SM90.tuning, presets.resolve(["deepseek-v3", "deepseek-v2-lite"])))
+    assert cfgs == [decode_config("bf16", 576, 512, 64, SM90.tuning)]
+
+
+def test_params_struct_layout_matches_header():
+    assert DECODE_PARAMS.size == 152
+
+
+@pytest.mark.slow
+def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
+    monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
+    for family_name, cfg in (("mla_metadata", metadata_config()),
+                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning))):
+        family = registry.get(family_name)
+        binary = build(family.source(cfg, SM90))
+        for entry in family.entry_points(cfg):
+            report = binary.log.split(f"Function properties for {entry}")[1].splitlines()[1]
+            assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
+        assert b"mla_jit_decode_splitkv_smem_bytes" in binary.cubin or family_name == "mla_metadata"
