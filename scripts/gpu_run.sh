@@ -22,6 +22,12 @@ python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache \
   --config "mla_decode_sm90:dtype=bf16,head_dim=512,page_size=64,$cfg" 2>&1 | tail -n 3
 python3 -m pytest -q -m gpu -p no:cacheprovider "$@" tests 2>&1 | tee "$OUT/pytest.log" | tail -n 60
 status=${PIPESTATUS[0]}
+if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
+  # A few decode cases (paged tails with NaN, zero lengths, page 16/256, d=512) under memcheck.
+  timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_gpu_decode.py -k "$SANITIZE" 2>&1 | tee "$OUT/sanitizer.log" | tail -n 6
+  echo "compute-sanitizer exit status: ${PIPESTATUS[0]}"
+fi
 python3 bench/bench_jit.py --json "$OUT/bench_jit.json" 2>&1 | tee "$OUT/bench_jit.log" | tail -n 12
 if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
   python3 bench/bench_decode.py --json "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.log" | tail -n 40
