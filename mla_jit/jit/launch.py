@@ -113,12 +113,14 @@ class PreparedLaunch:
                 value = args[i]
                 if value is slot.last:
                     continue
-                if isinstance(value, Immutable):
+                if type(value) is bytes:  # packed params (struct.pack): the common case
+                    ctypes.memmove(slot.address, value, slot.size)
+                    slot.last = None
+                elif isinstance(value, Immutable):
                     ctypes.memmove(slot.address, value.address, slot.size)
                     slot.last = value
-                else:  # packed bytes (struct.pack) or a ctypes object
-                    ctypes.memmove(slot.address, value if isinstance(value, bytes) else ctypes.addressof(value),
-                                   slot.size)
+                else:
+                    ctypes.memmove(slot.address, ctypes.addressof(value), slot.size)
                     slot.last = None
             if stream != self._stream:
                 self._config.hStream = stream

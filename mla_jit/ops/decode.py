@@ -176,6 +176,28 @@ def _signature(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_schedule
             num_splits.stride(), num_splits.dtype, num_splits.get_device(), head_dim_v)
 
 
+class _DecodePlan:
+    """Everything a warm call needs for one validated signature."""
+
+    __slots__ = ("splitkv", "combine", "box", "parts", "h_kv", "q_per_kv", "rows", "o_accum_elems",
+                 "accum_elems", "max_blocks", "bt_stride", "default_scale", "device_index")
+
+    def __init__(self, q, k_cache, block_table, head_dim_v: int, parts: int):
+        self.splitkv, self.combine, self.box = _decode_plan(q, k_cache, head_dim_v, parts)
+        b, s_q, h_q, d = q.shape
+        self.parts = parts
+        self.h_kv = k_cache.shape[2]
+        self.q_per_kv = h_q // self.h_kv
+        self.rows = s_q * self.q_per_kv
+        slots = accum_rows(b, parts)
+        self.o_accum_elems = slots * self.h_kv * self.rows * head_dim_v
+        self.accum_elems = self.o_accum_elems + slots * self.h_kv * self.rows
+        self.max_blocks = block_table.shape[1]
+        self.bt_stride = block_table.stride(0)
+        self.default_scale = d ** -0.5
+        self.device_index = q.get_device()
+
+
 def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
                            cache_seqlens: torch.Tensor, head_dim_v: int, tile_scheduler_metadata: torch.Tensor,
                            num_splits: torch.Tensor, softmax_scale: float | None = None,
@@ -192,40 +214,36 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     if plan is None:
         _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                            num_splits, softmax_scale)
-        parts = tile_scheduler_metadata.shape[0]
-        plan = (*_decode_plan(q, k_cache, head_dim_v, parts), parts) if q.shape[0] else None
-        if plan is not None:
-            family.plans[signature] = plan
+        if q.shape[0] == 0:
+            return (torch.empty((0, *q.shape[1:3], head_dim_v), dtype=q.dtype, device=q.device),
+                    torch.empty((0, q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device))
+        plan = family.plans[signature] = _DecodePlan(q, k_cache, block_table, head_dim_v,
+                                                     tile_scheduler_metadata.shape[0])
     q_ptr, k_ptr = q.data_ptr(), k_cache.data_ptr()
     if q_ptr % 16 or k_ptr % 16:
         raise InvalidArgumentError("q/k_cache", "16-byte aligned data pointers", f"{hex(q_ptr)}, {hex(k_ptr)}")
     if softmax_scale is None:
-        scale = q.shape[3] ** -0.5
+        scale = plan.default_scale
     elif isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale):
         scale = float(softmax_scale)
     else:
         raise InvalidArgumentError("softmax_scale", "a finite float or None", repr(softmax_scale))
-    b, s_q, h_q, d = q.shape
+    shape = signature[0]
+    b, s_q, h_q = shape[0], shape[1], shape[2]
     device = q.device
-    out = torch.empty((b, s_q, h_q, head_dim_v), dtype=q.dtype, device=device)
+    out = torch.empty((b, s_q, h_q, head_dim_v), dtype=signature[2], device=device)
     lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=device)
-    if plan is None:  # b == 0
-        return out, lse
-    splitkv, combine, box, parts = plan
-    h_kv = k_cache.shape[2]
-    rows = s_q * (h_q // h_kv)
     # One scratch allocation for both partial buffers: o_accum then lse_accum (float32).
-    o_accum_elems = accum_rows(b, parts) * h_kv * rows * head_dim_v
-    accum = torch.empty((o_accum_elems + accum_rows(b, parts) * h_kv * rows,), dtype=torch.float32,
-                        device=device)
-    accum_ptr = accum.data_ptr()
+    accum = torch.empty((plan.accum_elems,), dtype=torch.float32, device=device)  # freed after enqueue:
+    accum_ptr = accum.data_ptr()  # the allocator reuses it only for work ordered after ours on this stream
+    q_stride = signature[1]
     params = DECODE_PARAMS.pack(
-        q_ptr, out.data_ptr(), lse.data_ptr(), accum_ptr, accum_ptr + 4 * o_accum_elems,
+        q_ptr, out.data_ptr(), lse.data_ptr(), accum_ptr, accum_ptr + 4 * plan.o_accum_elems,
         block_table.data_ptr(), cache_seqlens.data_ptr(), tile_scheduler_metadata.data_ptr(),
-        num_splits.data_ptr(), *q.stride()[:3], block_table.stride(0),
-        b, s_q, h_q, h_kv, h_q // h_kv, rows, parts, block_table.shape[1], scale, scale * _LOG2E,
+        num_splits.data_ptr(), q_stride[0], q_stride[1], q_stride[2], plan.bt_stride,
+        b, s_q, h_q, plan.h_kv, plan.q_per_kv, plan.rows, plan.parts, plan.max_blocks, scale, scale * _LOG2E,
         1 if causal and s_q > 1 else 0)
-    stream = current_stream(device.index)
-    splitkv(stream, params, _kv_descriptor(k_cache, box))
-    combine(stream, params)
+    stream = current_stream(plan.device_index)
+    plan.splitkv(stream, params, _kv_descriptor(k_cache, plan.box))
+    plan.combine(stream, params)
     return out, lse

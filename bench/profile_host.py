@@ -1,0 +1,49 @@
+"""Where the host time of a warm decode call goes (each piece timed alone, median of rounds)."""
+import statistics
+import time
+
+import torch
+
+import mla_jit
+from mla_jit.ops import decode as dec
+from mla_jit.runtimes import registry
+
+from bench_decode import make_inputs
+
+
+def per_call_us(fn, n=2000, rounds=7):
+    out = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(out)
+
+
+q, k_cache, block_table, lens = make_inputs(1, 1, 256, 16)
+meta, splits = mla_jit.get_mla_metadata(lens, 16, 1)
+args = (q, k_cache, block_table, lens, 512, meta, splits)
+mla_jit.flash_mla_with_kvcache(*args)
+fam = registry.get("mla_decode_sm90")
+sig = dec._signature(*args)
+splitkv, combine, box, parts = fam.plans[sig]
+desc = dec._kv_descriptor(k_cache, box)
+params = b"\0" * 152
+stream = torch.cuda.current_stream().cuda_stream
+dev = q.device
+rows = {
+    "whole decode call": lambda: mla_jit.flash_mla_with_kvcache(*args),
+    "whole metadata call": lambda: mla_jit.get_mla_metadata(lens, 16, 1),
+    "signature tuple": lambda: dec._signature(*args),
+    "signature + dict get": lambda: fam.plans.get(dec._signature(*args)),
+    "torch.empty x1": lambda: torch.empty((1, 1, 16, 512), dtype=torch.bfloat16, device=dev),
+    "data_ptr x1": lambda: q.data_ptr(),
+    "struct pack": lambda: dec.DECODE_PARAMS.pack(*([1] * 9), 1, 1, 1, 1, *([1] * 8), 1.0, 1.0, 0),
+    "current_stream": lambda: dec.current_stream(0),
+    "kv descriptor lookup": lambda: dec._kv_descriptor(k_cache, box),
+}
+for name, fn in rows.items():
+    print(f"{name:28} {per_call_us(fn):7.2f} us")
