@@ -75,6 +75,11 @@ __device__ __forceinline__ void tma_load_3d(void* smem_dst, const TmaDescriptor*
       : "memory");
 }
 
+// Named barrier among `count` threads (a multiple of 32). Id 0 is __syncthreads'.
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
 // Programmatic dependent launch: a secondary grid may start early; it must wait here before
 // reading what the primary grid writes. Both are no-ops for launches without the PDL attribute.
 __device__ __forceinline__ void pdl_wait_primary() {

@@ -25,7 +25,7 @@ __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
   const int g = blockIdx.y;
   const int r = blockIdx.z * kCombineRowsPerCta + warp;
 
-  pdl_wait();  // everything below may read split-KV kernel results
+  pdl_wait_primary();  // everything below may read split-KV kernel results
 
   if (r >= p.rows) return;
   const int split_begin = p.num_splits[bi];

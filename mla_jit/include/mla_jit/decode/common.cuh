@@ -6,17 +6,14 @@
 #include <cutlass/numeric_types.h>
 #include <cuda/std/limits>
 
+#include "mla_jit/common/sm90.cuh"
+
 namespace mla_jit {
 namespace decode {
 
 // +inf without <math.h>/<cmath> (INFINITY is not defined under NVRTC).
 constexpr float kInf = cuda::std::numeric_limits<float>::infinity();
 
-// Byte image of a CUtensorMap (128 bytes, 64-byte aligned). Declared here so the headers do not
-// need <cuda.h> (not available under NVRTC); the host passes the encoded CUtensorMap bytes.
-struct alignas(64) TmaDesc {
-  unsigned long long opaque[16];
-};
 
 // Runtime parameters of the split-KV and combine kernels. Strides are in elements.
 struct DecodeParams {
@@ -51,76 +48,6 @@ enum : int {
   kMetaBeginBatch = 0, kMetaBeginToken = 1, kMetaEndBatch = 2, kMetaEndToken = 3,
   kMetaBeginSplit = 4, kMetaSize = 8
 };
-
-// ------------------------------------------------------------------------------------------------
-// PTX helpers (sm_90).
-// ------------------------------------------------------------------------------------------------
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-
-// Makes barrier initialisation visible to the async proxy (TMA) and the other threads.
-__device__ __forceinline__ void mbar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-
-// Blocks until the phase with the given parity has completed. Waiting on parity 1 of a fresh
-// barrier returns at once (the "previous" phase counts as complete), which pipelines rely on.
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-  const unsigned addr = smem_u32(bar);
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(addr), "r"(parity)
-      : "memory");
-}
-
-// 3D tiled TMA load global -> shared, completion signalled on an mbarrier (complete_tx bytes).
-__device__ __forceinline__ void tma_load_3d(void* smem_dst, const TmaDesc* desc, unsigned long long* bar,
-                                            int c0, int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_u32(smem_dst)),
-      "l"(reinterpret_cast<unsigned long long>(desc)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
-
-__device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* desc) {
-  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(desc)) : "memory");
-}
-
-// Orders this thread's generic-proxy shared-memory writes before later async-proxy (wgmma/TMA)
-// accesses of the same memory.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-// Named barrier among `count` threads (multiple of 32). id 0 is __syncthreads.
-__device__ __forceinline__ void named_bar_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-
-// Programmatic dependent launch.
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_launch_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
 
 template <typename T>
 struct ElemTraits;

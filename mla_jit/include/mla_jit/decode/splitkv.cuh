@@ -72,9 +72,9 @@ struct SplitKVConfig {
     alignas(1024) Element p[BLOCK_M * BLOCK_N];
     float row_scale[BLOCK_M];  // exp2(m_old - m_new) of the current tile
     float row_inv_l[BLOCK_M];  // 1 / l at the last tile of a piece
-    alignas(8) unsigned long long full[NUM_STAGES];  // TMA landed (tx-count barrier)
-    unsigned long long p_full;   // WG0 wrote P / row_scale (4 warp arrivals)
-    unsigned long long pv_done;  // all 8 warps finished P V of the tile (frees P and the stage)
+    alignas(8) uint64_t full[NUM_STAGES];  // TMA landed (tx-count barrier)
+    uint64_t p_full;   // WG0 wrote P / row_scale (4 warp arrivals)
+    uint64_t pv_done;  // all 8 warps finished P V of the tile (frees P and the stage)
   };
   // +1024: the kernel rounds the dynamic smem base up to the 1024 B swizzle period.
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
@@ -125,7 +125,7 @@ struct WorkCursor {
 }  // namespace detail
 
 template <typename Cfg>
-__device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const TmaDesc* tmap) {
+__device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const TmaDescriptor* tmap) {
   using namespace cute;
   using Element = typename Cfg::Element;
   using SS = typename Cfg::SharedStorage;
@@ -133,7 +133,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
   constexpr int NS = Cfg::NUM_STAGES;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  SS& ss = *reinterpret_cast<SS*>((reinterpret_cast<unsigned long long>(smem_raw) + 1023ull) & ~1023ull);
+  SS& ss = *reinterpret_cast<SS*>((reinterpret_cast<uint64_t>(smem_raw) + 1023ull) & ~1023ull);
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -144,16 +144,16 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
   const bool is_producer = tid == 128;
 
   if (tid == 0) {
-    for (int s = 0; s < NS; ++s) mbar_init(&ss.full[s], 1);
-    mbar_init(&ss.p_full, 4);
-    mbar_init(&ss.pv_done, 8);
-    mbar_init_fence();
+    for (int s = 0; s < NS; ++s) mbarrier_init(&ss.full[s], 1);
+    mbarrier_init(&ss.p_full, 4);
+    mbarrier_init(&ss.pv_done, 8);
+    fence_barrier_init();
   }
-  if (is_producer) tma_prefetch_desc(tmap);
+  if (is_producer) prefetch_tma_descriptor(tmap);
   __syncthreads();
 
   // No-op unless launched as a programmatic dependent of the metadata kernel.
-  pdl_wait();
+  pdl_wait_primary();
 
   const int* meta = p.tile_scheduler_metadata + part * kMetaSize;
   const int* seqlens = p.cache_seqlens;
@@ -164,13 +164,13 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
   auto issue_tile = [&]() {
     const int stage = prod_n % NS;
     // Stage reuse: every warp must be done with tile prod_n - NS.
-    if (prod_n >= NS) mbar_wait(&ss.pv_done, (prod_n - NS) & 1);
+    if (prod_n >= NS) mbarrier_wait(&ss.pv_done, (prod_n - NS) & 1);
     const int* bt = p.block_table + (long long)prod.bi * p.block_table_stride;
     Element* dst = ss.kv[stage];
     if constexpr (Cfg::kPagesPerTile == 1) {
       const int page = prod.tok / Cfg::PAGE_SIZE;
       const int row = bt[page] * Cfg::PAGE_SIZE + (prod.tok % Cfg::PAGE_SIZE);
-      mbar_arrive_expect_tx(&ss.full[stage], Cfg::kTileBytes);
+      mbarrier_arrive_expect_tx(&ss.full[stage], Cfg::kTileBytes);
 #pragma unroll
       for (int c = 0; c < Cfg::kColChunks; ++c)
         tma_load_3d(dst + c * BN * Cfg::kBoxCols, tmap, &ss.full[stage], c * Cfg::kBoxCols, g, row);
@@ -179,7 +179,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
       // entries may be garbage, later pages NaN).
       const int valid = min(BN, prod.L - prod.tok);
       const int npages = (valid + Cfg::PAGE_SIZE - 1) / Cfg::PAGE_SIZE;
-      mbar_arrive_expect_tx(&ss.full[stage], npages * Cfg::kPageBytes);
+      mbarrier_arrive_expect_tx(&ss.full[stage], npages * Cfg::kPageBytes);
       const int page0 = prod.tok / Cfg::PAGE_SIZE;
 #pragma unroll
       for (int j = 0; j < Cfg::kPagesPerTile; ++j) {
@@ -290,7 +290,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
       if (piece_start) {
         // (Re)load Q for this batch. The barrier makes sure no warp of WG0 still reads the
         // previous Q through an in-flight wgmma.
-        named_bar_sync(1, 128);
+        named_barrier_sync(1, 128);
         constexpr int kChunks = D / 8;  // 16-byte chunks per row
         const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)cur.bi * p.q_stride_b;
 #pragma unroll 4
@@ -305,8 +305,8 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
           }
           *reinterpret_cast<uint4*>(&sQ(lr, c * 8)) = v;
         }
-        fence_proxy_async_smem();
-        named_bar_sync(1, 128);
+        fence_proxy_async_shared();
+        named_barrier_sync(1, 128);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           m_run[h] = -kInf;
@@ -318,7 +318,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
         piece_start = false;
       }
 
-      mbar_wait(&ss.full[stage], (n / NS) & 1);
+      mbarrier_wait(&ss.full[stage], (n / NS) & 1);
       Tensor sK = make_tensor(make_smem_ptr(ss.kv[stage]), typename Cfg::SmemLayoutK{});
       if (cur.tok + BN > cur.L) {
         // Tail tile: rows >= L were not loaded (other pages) or hold data past the sequence
@@ -329,8 +329,8 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
           const int lr = v0 + idx / kChunks, c = idx % kChunks;
           *reinterpret_cast<uint4*>(&sK(lr, c * 8)) = make_uint4(0u, 0u, 0u, 0u);
         }
-        fence_proxy_async_smem();
-        named_bar_sync(1, 128);
+        fence_proxy_async_shared();
+        named_barrier_sync(1, 128);
       }
 
       // ---- S = Q K^T ----
@@ -395,7 +395,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
       }
 
       // ---- hand P to WG1 (P buffer is free once every warp finished P V of tile n-1) ----
-      mbar_wait(&ss.pv_done, (n & 1) ^ 1);
+      mbarrier_wait(&ss.pv_done, (n & 1) ^ 1);
 #pragma unroll
       for (int j = 0; j < size(tSrS) / 4; ++j) {
 #pragma unroll
@@ -412,15 +412,15 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
           if (last) ss.row_inv_l[row0 + 8 * h] = inv_l[h];
         }
       }
-      fence_proxy_async_smem();
+      fence_proxy_async_shared();
       __syncwarp();
-      if (lane == 0) mbar_arrive(&ss.p_full);
-      mbar_wait(&ss.p_full, n & 1);  // all of WG0's P is written before WG0's own P V reads it
+      if (lane == 0) mbarrier_arrive(&ss.p_full);
+      mbarrier_wait(&ss.p_full, n & 1);  // all of WG0's P is written before WG0's own P V reads it
 
       // ---- O[:, :DV/2] ----
       pv_gemm(stage, sc[0], sc[1]);
       __syncwarp();
-      if (lane == 0) mbar_arrive(&ss.pv_done);
+      if (lane == 0) mbarrier_arrive(&ss.pv_done);
 
       if (last) {
         bool single;
@@ -453,8 +453,8 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
     // =========================== WG1: O[:, DV/2:] + TMA producer ===========================
     while (cur.valid()) {
       const int stage = n % NS;
-      mbar_wait(&ss.p_full, n & 1);
-      mbar_wait(&ss.full[stage], (n / NS) & 1);
+      mbarrier_wait(&ss.p_full, n & 1);
+      mbarrier_wait(&ss.full[stage], (n / NS) & 1);
       const float sc0 = ss.row_scale[row0], sc1 = ss.row_scale[row0 + 8];
       const bool last = cur.tok + BN >= cur.stop;
       float il0 = 0.f, il1 = 0.f;
@@ -464,7 +464,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
       }
       pv_gemm(stage, sc0, sc1);
       __syncwarp();
-      if (lane == 0) mbar_arrive(&ss.pv_done);
+      if (lane == 0) mbarrier_arrive(&ss.pv_done);
       // Refill this stage with tile n + NS (waits for WG0 to finish tile n).
       if (is_producer && prod.valid()) issue_tile();
       __syncwarp();  // lane 0 of warp 4 may have diverged into the producer path
