@@ -80,11 +80,6 @@ __device__ __forceinline__ void named_barrier_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
-// Arrive on a named barrier without waiting (the producer side of a producer/consumer pair).
-__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-
 // Programmatic dependent launch: a secondary grid may start early; it must wait here before
 // reading what the primary grid writes. Both are no-ops for launches without the PDL attribute.
 __device__ __forceinline__ void pdl_wait_primary() {

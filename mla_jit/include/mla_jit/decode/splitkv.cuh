@@ -5,14 +5,10 @@
 // scheduler metadata gives its SM part, for one KV head and one 64-row tile of query rows.
 //
 // Schedule per 64-token KV tile n (stage n % NUM_STAGES):
-//   WG0: wait K/V tile -> S_a = Q K^T over the first kSplitKBlocks k-blocks of the head dim
-//        -> add WG1's S_b (exchanged through the P buffer) -> mask + online softmax in registers
+//   WG0: wait K/V tile -> S = Q K^T (64 x 64, wgmma SS) -> mask + online softmax in registers
 //        -> write P (bf16/fp16) and per-row rescale to smem -> O[:, :256] = O*scale + P V[:, :256]
-//   WG1: wait K/V tile -> S_b = Q K^T over the remaining k-blocks -> hand S_b to WG0 -> wait P
-//        -> O[:, 256:] = O*scale + P V[:, 256:]; thread 128 is the TMA producer and refills
+//   WG1: wait P -> O[:, 256:] = O*scale + P V[:, 256:]; thread 128 is the TMA producer and refills
 //        the stage of tile n with tile n + NUM_STAGES once both warpgroups are done with tile n.
-// Splitting S across both warpgroups keeps them equally busy: each does about half of QK^T and
-// half of PV (otherwise WG1 idles while WG0 computes all of S).
 // K and V are the same smem tile (V = first HEAD_DIM_V columns, read through a transposed view),
 // so every KV byte crosses HBM once per CTA.
 #pragma once
@@ -79,21 +75,10 @@ struct SplitKVConfig {
     alignas(8) uint64_t full[NUM_STAGES];  // TMA landed (tx-count barrier)
     uint64_t p_full;   // WG0 wrote P / row_scale (4 warp arrivals)
     uint64_t pv_done;  // all 8 warps finished P V of the tile (frees P and the stage)
-    // The TMA producer's cursor (thread 128 only) lives here rather than in registers: the
-    // warpgroup that hosts it is at the register limit.
-    int producer_state[12];
   };
   // +1024: the kernel rounds the dynamic smem base up to the 1024 B swizzle period.
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (reduce NUM_STAGES)");
-
-  // k-blocks (of 16) of S = Q K^T computed by WG0; WG1 computes the rest. WG0 takes the smaller
-  // share because it also does the softmax.
-  static constexpr int kKBlocks = HEAD_DIM / 16;
-  static constexpr int kSplitKBlocks = 16;
-  static_assert(kSplitKBlocks < kKBlocks, "both warpgroups take part in S");
-  // WG1's partial S (64 x 64 fp32 = 16 KB) crosses to WG0 in two halves through the P buffer.
-  static_assert(BLOCK_M * BLOCK_N * sizeof(Element) == 128 * 16 * sizeof(float), "exchange half = P buffer");
 
   static constexpr unsigned kTileBytes = BLOCK_N * HEAD_DIM * sizeof(Element);
   static constexpr unsigned kPageBytes = kBoxRows * HEAD_DIM * sizeof(Element);
@@ -139,15 +124,6 @@ struct WorkCursor {
 
 }  // namespace detail
 
-// Named barriers (id 0 is __syncthreads).
-enum : int {
-  kBarWg0 = 1,          // WG0 internal (128 threads)
-  kBarSHalfA = 2,       // WG1 wrote the first half of S_b (256: WG1 arrives, WG0 syncs)
-  kBarSHalfAFree = 3,   // WG0 read the first half (WG0 arrives, WG1 syncs)
-  kBarSHalfB = 4,       // WG1 wrote the second half
-  kBarQReady = 5,       // WG0 loaded Q for a new piece
-};
-
 template <typename Cfg>
 __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const TmaDescriptor* tmap) {
   using namespace cute;
@@ -182,10 +158,9 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
   const int* meta = p.tile_scheduler_metadata + part * kMetaSize;
   const int* seqlens = p.cache_seqlens;
 
-  // ---------------- TMA producer state (thread 128 only, kept in shared memory) ----------------
-  static_assert(sizeof(detail::WorkCursor) + sizeof(int) <= sizeof(ss.producer_state), "producer state");
-  detail::WorkCursor& prod = *reinterpret_cast<detail::WorkCursor*>(ss.producer_state);
-  int& prod_n = ss.producer_state[11];  // index of the next tile to issue
+  // ---------------- TMA producer state (thread 128 only) ----------------
+  detail::WorkCursor prod;
+  int prod_n = 0;  // index of the next tile to issue
   auto issue_tile = [&]() {
     const int stage = prod_n % NS;
     // Stage reuse: every warp must be done with tile prod_n - NS.
@@ -221,7 +196,6 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
     prod.template advance<BN>(seqlens);
   };
   if (is_producer) {
-    prod_n = 0;
     prod.init(meta, seqlens);
     for (int s = 0; s < NS && prod.valid(); ++s) issue_tile();
   }
@@ -316,7 +290,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
       if (piece_start) {
         // (Re)load Q for this batch. The barrier makes sure no warp of WG0 still reads the
         // previous Q through an in-flight wgmma.
-        named_barrier_sync(kBarWg0, 128);
+        named_barrier_sync(1, 128);
         constexpr int kChunks = D / 8;  // 16-byte chunks per row
         const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)cur.bi * p.q_stride_b;
 #pragma unroll 4
@@ -332,8 +306,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
           *reinterpret_cast<uint4*>(&sQ(lr, c * 8)) = v;
         }
         fence_proxy_async_shared();
-        named_barrier_sync(kBarWg0, 128);
-        named_barrier_arrive(kBarQReady, 256);  // WG1 computes part of S from this Q
+        named_barrier_sync(1, 128);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           m_run[h] = -kInf;
@@ -357,36 +330,22 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
           *reinterpret_cast<uint4*>(&sK(lr, c * 8)) = make_uint4(0u, 0u, 0u, 0u);
         }
         fence_proxy_async_shared();
-        named_barrier_sync(kBarWg0, 128);
+        named_barrier_sync(1, 128);
       }
 
-      // ---- S = Q K^T: WG0's k-blocks ----
+      // ---- S = Q K^T ----
       Tensor tSrK = thr_s.partition_fragment_B(sK);
       warpgroup_fence_operand(tSrS);
       warpgroup_arrive();
       mma_s.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
-      for (int k = 0; k < Cfg::kSplitKBlocks; ++k) {
+      for (int k = 0; k < size<2>(tSrQ); ++k) {
         gemm(mma_s, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
         mma_s.accumulate_ = GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
-
-      // ---- add WG1's S_b: thread i of WG1 holds the same fragment slots as thread i here ----
-      {
-        const float* xbuf = reinterpret_cast<const float*>(ss.p);
-        constexpr int kHalf = decltype(size(tSrS))::value / 2;
-        named_barrier_sync(kBarSHalfA, 256);
-#pragma unroll
-        for (int i = 0; i < kHalf; ++i) tSrS(i) += xbuf[i * 128 + tid_wg];
-        named_barrier_arrive(kBarSHalfAFree, 256);
-        named_barrier_sync(kBarSHalfB, 256);
-#pragma unroll
-        for (int i = 0; i < kHalf; ++i) tSrS(kHalf + i) += xbuf[i * 128 + tid_wg];
-        named_barrier_sync(kBarWg0, 128);  // all of WG0 has read S_b before P overwrites the buffer
-      }
 
       // ---- mask (select, so NaN never survives) ----
       if (cur.tok + BN > min(lim[0], lim[1])) {
@@ -491,50 +450,11 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
       cur.template advance<BN>(seqlens);
     }
   } else {
-    // ====================== WG1: part of S, O[:, DV/2:], TMA producer =======================
-    typename Cfg::TiledMmaS mma_s;
-    auto thr_s = mma_s.get_thread_slice(tid_wg);
-    Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename Cfg::SmemLayoutQ{});
-    Tensor tSrQ = thr_s.partition_fragment_A(sQ);
-    Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
-    float* xbuf = reinterpret_cast<float*>(ss.p);
-    constexpr int kHalf = decltype(size(tSrS))::value / 2;
-    bool piece_start = true;
+    // =========================== WG1: O[:, DV/2:] + TMA producer ===========================
     while (cur.valid()) {
       const int stage = n % NS;
-      if (piece_start) {
-        named_barrier_sync(kBarQReady, 256);
-        piece_start = false;
-      }
-      mbarrier_wait(&ss.full[stage], (n / NS) & 1);
-      // S_b = Q K^T over the k-blocks WG0 skips. Rows >= L of a tail tile may be zeroed by WG0
-      // meanwhile: those scores are masked by WG0 whatever they hold.
-      {
-        Tensor sK = make_tensor(make_smem_ptr(ss.kv[stage]), typename Cfg::SmemLayoutK{});
-        Tensor tSrK = thr_s.partition_fragment_B(sK);
-        warpgroup_fence_operand(tSrS);
-        warpgroup_arrive();
-        mma_s.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-        for (int k = Cfg::kSplitKBlocks; k < Cfg::kKBlocks; ++k) {
-          gemm(mma_s, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
-          mma_s.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
-      }
-      // Hand S_b over through the P buffer, free once both warpgroups finished P V of tile n-1.
-      mbarrier_wait(&ss.pv_done, (n & 1) ^ 1);
-#pragma unroll
-      for (int i = 0; i < kHalf; ++i) xbuf[i * 128 + tid_wg] = tSrS(i);
-      named_barrier_arrive(kBarSHalfA, 256);
-      named_barrier_sync(kBarSHalfAFree, 256);
-#pragma unroll
-      for (int i = 0; i < kHalf; ++i) xbuf[i * 128 + tid_wg] = tSrS(kHalf + i);
-      named_barrier_arrive(kBarSHalfB, 256);
-
       mbarrier_wait(&ss.p_full, n & 1);
+      mbarrier_wait(&ss.full[stage], (n / NS) & 1);
       const float sc0 = ss.row_scale[row0], sc1 = ss.row_scale[row0 + 8];
       const bool last = cur.tok + BN >= cur.stop;
       float il0 = 0.f, il1 = 0.f;
@@ -554,7 +474,6 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
         piece_info(single, slot);
         store_o(il0, il1, single, slot);
         clear_o();
-        piece_start = true;
       }
       ++n;
       cur.template advance<BN>(seqlens);
