@@ -97,3 +97,42 @@ def test_bad_arguments_raise_before_launch():
     with pytest.raises(mla_jit.InvalidArgumentError, match="b.shape"):
         toy.wgmma_gemm(torch.randn(64, 64, device="cuda", dtype=torch.bfloat16),
                        torch.randn(100, 64, device="cuda", dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["ctypes-libcuda", "cuda-bindings"])
+@pytest.mark.parametrize("cluster", [None, (2, 1, 1)])
+def test_prepared_launch_paths_and_cluster_attribute(direct, cluster, monkeypatch):
+    from mla_jit.configs.toy import tile_copy_config
+    from mla_jit.jit import launch as launch_mod
+    from mla_jit.jit import tma
+    from mla_jit.jit.arch import resolve_for_device
+    if not direct:
+        monkeypatch.setattr(launch_mod, "_libcuda_launch", False)
+    src = torch.randn(256, 256, device="cuda")
+    out = torch.full_like(src, float("nan"))
+    arch = resolve_for_device(0)
+    cfg = tile_copy_config("fp32", arch.tuning)
+    family = registry.get("tile_copy")
+    kernel = family.kernel(cfg, arch, "mla_jit_tile_copy", 0)
+    prepared = launch_mod.PreparedLaunch(kernel, toy._COPY_PARAMS, (4, 4, 1), (cfg.num_threads, 1, 1),
+                                         cluster=cluster, pdl=True)
+    assert (prepared._direct is not None) == direct
+    desc = tma.tiled(src, (cfg.block_rows, cfg.block_cols))
+    prepared(torch.cuda.current_stream().cuda_stream, desc, out.data_ptr(), 256, 256, 2.0)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, src + 2.0, rtol=0, atol=0)
+
+
+def test_launch_failure_raises_launch_error():
+    from mla_jit.configs.toy import tile_copy_config
+    from mla_jit.jit import launch as launch_mod
+    from mla_jit.jit.arch import resolve_for_device
+    arch = resolve_for_device(0)
+    cfg = tile_copy_config("fp32", arch.tuning)
+    kernel = registry.get("tile_copy").kernel(cfg, arch, "mla_jit_tile_copy", 0)
+    too_many_threads = launch_mod.PreparedLaunch(kernel, toy._COPY_PARAMS, (1, 1, 1), (2048, 1, 1))
+    from mla_jit.jit import tma
+    src = torch.randn(64, 64, device="cuda")
+    with pytest.raises(mla_jit.LaunchError, match="mla_jit_tile_copy"):
+        too_many_threads(torch.cuda.current_stream().cuda_stream, tma.tiled(src, (64, 64)), src.data_ptr(),
+                         64, 64, 0.0)
