@@ -4,10 +4,6 @@ A `PreparedLaunch` owns the CUlaunchConfig (grid, block, dynamic smem, cluster, 
 prebuilt `void**` argument block whose slots are refilled in place on every call, so a warm
 launch does no allocation and no per-call driver-struct setup: fill slots, set the stream,
 launch. Families cache one PreparedLaunch per (kernel, grid, block, smem).
-
-The launch itself calls libcuda's cuLaunchKernelEx through ctypes with C structs built here
-(about 2 us less per launch than cuda.bindings' wrapper, which re-reads its Python-side config
-object on every call); where libcuda cannot be opened that way, cuda.bindings is used.
 """
 from __future__ import annotations
 
@@ -37,37 +33,6 @@ class Blob:
 
 TMA_DESC = Blob(128, 64)
 
-# C layouts of cuda.h's CUlaunchAttribute and CUlaunchConfig (CUDA 12/13).
-_ATTR_CLUSTER_DIMENSION = 4
-_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
-
-
-class _LaunchAttribute(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint32 * 16)]
-
-
-class _LaunchConfig(ctypes.Structure):
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
-
-
-_libcuda_launch = None
-
-
-def _direct_launch_function():
-    """libcuda's cuLaunchKernelEx as a ctypes function, or None."""
-    global _libcuda_launch
-    if _libcuda_launch is None:
-        try:
-            fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-            fn.restype = ctypes.c_int
-            _libcuda_launch = fn
-        except (OSError, AttributeError):
-            _libcuda_launch = False
-    return _libcuda_launch or None
-
 
 class Immutable:
     """Base of by-value parameter sources that never change after construction (a TMA
@@ -92,42 +57,26 @@ class PreparedLaunch:
     def __init__(self, kernel: LoadedKernel, params: Sequence[Any], grid: tuple[int, int, int],
                  block: tuple[int, int, int], dynamic_smem: int = 0,
                  cluster: tuple[int, int, int] | None = None, pdl: bool = False):
+        driver = cu()
         self.kernel = kernel
-        attrs: list[tuple[int, tuple[int, ...]]] = []
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = dynamic_smem
+        attrs = []
         if cluster is not None and cluster != (1, 1, 1):
-            attrs.append((_ATTR_CLUSTER_DIMENSION, tuple(cluster)))
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+            attrs.append(attr)
         if pdl:
-            attrs.append((_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, (1,)))
-        self._direct = _direct_launch_function()
-        if self._direct is not None:
-            self._attr_array = (_LaunchAttribute * max(1, len(attrs)))()
-            for slot, (attr_id, values) in zip(self._attr_array, attrs):
-                slot.id = attr_id
-                for i, v in enumerate(values):
-                    slot.value[i] = v
-            config = _LaunchConfig(*grid, *block, dynamic_smem, None,
-                                   ctypes.cast(self._attr_array, ctypes.POINTER(_LaunchAttribute)), len(attrs))
-            self._config_ref = ctypes.byref(config)
-            self._function_ptr = ctypes.c_void_p(int(kernel.function))
-        else:
-            driver = cu()
-            config = driver.CUlaunchConfig()
-            config.gridDimX, config.gridDimY, config.gridDimZ = grid
-            config.blockDimX, config.blockDimY, config.blockDimZ = block
-            config.sharedMemBytes = dynamic_smem
-            driver_attrs = []
-            for attr_id, values in attrs:
-                attr = driver.CUlaunchAttribute()
-                attr.id = driver.CUlaunchAttributeID(attr_id)
-                if attr_id == _ATTR_CLUSTER_DIMENSION:
-                    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = values
-                else:
-                    attr.value.programmaticStreamSerializationAllowed = 1
-                driver_attrs.append(attr)
-            config.attrs = driver_attrs
-            config.numAttrs = len(driver_attrs)
-            self._attrs = driver_attrs  # keep alive: config holds raw pointers into them
-            self._launch = driver.cuLaunchKernelEx
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(attr)
+        config.attrs = attrs
+        config.numAttrs = len(attrs)
+        self._attrs = attrs  # keep alive: config holds raw pointers into them
         self._config = config
         self._function = kernel.function
         self._scalars: list[tuple[int, Any]] = []
@@ -145,8 +94,8 @@ class PreparedLaunch:
         self._arity = len(params)
         self._arg_block = (ctypes.c_void_p * max(1, len(params)))(*addresses)
         self._arg_block_address = ctypes.addressof(self._arg_block)
-        self._arg_block_ptr = ctypes.c_void_p(self._arg_block_address)
         self._lock = threading.Lock()
+        self._launch = driver.cuLaunchKernelEx
         self._stream = None
 
     def __call__(self, stream: int, *args) -> None:
@@ -176,9 +125,6 @@ class PreparedLaunch:
             if stream != self._stream:
                 self._config.hStream = stream
                 self._stream = stream
-            if self._direct is not None:
-                err = self._direct(self._config_ref, self._function_ptr, self._arg_block_ptr, None)
-            else:
-                err = self._launch(self._config, self._function, self._arg_block_address, 0)[0]
+            err = self._launch(self._config, self._function, self._arg_block_address, 0)[0]
         if err:
-            check((cu().CUresult(int(err)),), f"launching {self.kernel.name}")
+            check((err,), f"launching {self.kernel.name}")
