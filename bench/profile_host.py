@@ -29,10 +29,8 @@ args = (q, k_cache, block_table, lens, 512, meta, splits)
 mla_jit.flash_mla_with_kvcache(*args)
 fam = registry.get("mla_decode_sm90")
 sig = dec._signature(*args)
-splitkv, combine, box, parts = fam.plans[sig]
-desc = dec._kv_descriptor(k_cache, box)
-params = b"\0" * 152
-stream = torch.cuda.current_stream().cuda_stream
+plan = fam.plans[sig]
+box = plan.box
 dev = q.device
 rows = {
     "whole decode call": lambda: mla_jit.flash_mla_with_kvcache(*args),

@@ -99,15 +99,12 @@ def test_bad_arguments_raise_before_launch():
                        torch.randn(100, 64, device="cuda", dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["ctypes-libcuda", "cuda-bindings"])
 @pytest.mark.parametrize("cluster", [None, (2, 1, 1)])
-def test_prepared_launch_paths_and_cluster_attribute(direct, cluster, monkeypatch):
+def test_prepared_launch_cluster_attribute(cluster):
     from mla_jit.configs.toy import tile_copy_config
     from mla_jit.jit import launch as launch_mod
     from mla_jit.jit import tma
     from mla_jit.jit.arch import resolve_for_device
-    if not direct:
-        monkeypatch.setattr(launch_mod, "_libcuda_launch", False)
     src = torch.randn(256, 256, device="cuda")
     out = torch.full_like(src, float("nan"))
     arch = resolve_for_device(0)
@@ -116,7 +113,6 @@ def test_prepared_launch_paths_and_cluster_attribute(direct, cluster, monkeypatc
     kernel = family.kernel(cfg, arch, "mla_jit_tile_copy", 0)
     prepared = launch_mod.PreparedLaunch(kernel, toy._COPY_PARAMS, (4, 4, 1), (cfg.num_threads, 1, 1),
                                          cluster=cluster, pdl=True)
-    assert (prepared._direct is not None) == direct
     desc = tma.tiled(src, (cfg.block_rows, cfg.block_cols))
     prepared(torch.cuda.current_stream().cuda_stream, desc, out.data_ptr(), 256, 256, 2.0)
     torch.cuda.synchronize()
