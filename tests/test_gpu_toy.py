@@ -70,6 +70,7 @@ def test_second_process_view_loads_from_disk(cache_root):
     torch.testing.assert_close(out, src + 1.0, rtol=0, atol=0)
 
 
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")  # the cold capture aborts on purpose
 def test_graph_capture_warm_and_cold():
     src = torch.randn(256, 256, device="cuda")
     out = torch.empty_like(src)
