@@ -81,13 +81,18 @@ __device__ __forceinline__ void named_barrier_sync(int id, int count) {
 }
 
 // Programmatic dependent launch: a secondary grid may start early; it must wait here before
-// reading what the primary grid writes. Both are no-ops for launches without the PDL attribute.
+// reading what the primary grid writes. Both are no-ops for launches without the PDL attribute,
+// and compile to nothing below sm_90 (the arch-generic metadata and combine kernels use them).
 __device__ __forceinline__ void pdl_wait_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
 __device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 }  // namespace mla_jit
