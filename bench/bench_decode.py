@@ -79,7 +79,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
     parser.add_argument("--rows", type=int, default=len(ANCHOR_ROWS))
+    parser.add_argument("--arch", help="kernel family tuning, e.g. sm_80 or sm_89 (sets MLA_JIT_ARCH); "
+                        "default: the GPU's own")
     args = parser.parse_args()
+    if args.arch:
+        import os
+        os.environ["MLA_JIT_ARCH"] = args.arch
     flush = torch.empty(2 ** 30 // 4 * 2, dtype=torch.float32, device="cuda")  # 2 GB > L2
     results = []
     for b, s_q, s_k, h_q, causal, anchor_us in ANCHOR_ROWS[:args.rows]:
@@ -110,7 +115,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
-    print(f"\n== dense MLA decode vs FlashMLA ({report['gpu']}) ==")
+    report["arch"] = args.arch or "native"
+    print(f"\n== dense MLA decode vs FlashMLA ({report['gpu']}, kernels: {report['arch']}) ==")
     print(f"{'b':>4} {'sq':>2} {'sk':>6} {'hq':>4} {'c':>1} {'us':>8} {'TFLOPS':>7} {'GB/s':>6} "
           f"{'FlashMLA':>8} {'ratio':>6} {'roof':>5}")
     for r in results:

@@ -20,6 +20,9 @@ python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache \
   --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=256,$cfg" \
   --config "mla_decode_sm90:dtype=fp16,head_dim=576,page_size=64,$cfg" \
   --config "mla_decode_sm90:dtype=bf16,head_dim=512,page_size=64,$cfg" 2>&1 | tail -n 3
+# The Ampere/Ada family, as the tests force it on this GPU (tuning@target).
+python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache --arch sm_80@sm_90a --arch sm_89@sm_90a \
+  2>&1 | tail -n 1
 python3 -m pytest -q -m gpu -p no:cacheprovider "$@" tests 2>&1 | tee "$OUT/pytest.log" | tail -n 60
 status=${PIPESTATUS[0]}
 if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
@@ -31,6 +34,9 @@ fi
 python3 bench/bench_jit.py --json "$OUT/bench_jit.json" 2>&1 | tee "$OUT/bench_jit.log" | tail -n 12
 if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
   python3 bench/bench_decode.py --json "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.log" | tail -n 40
+  for arch in ${BENCH_ARCHS:-}; do  # e.g. BENCH_ARCHS="sm_80 sm_89": the Ampere/Ada family on this GPU
+    python3 bench/bench_decode.py --arch "$arch" --json "$OUT/bench_decode_$arch.json" 2>&1 | tail -n 26
+  done
 fi
 echo "pytest exit status: $status"
 exit $status

@@ -55,3 +55,56 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
             report = binary.log.split(f"Function properties for {entry}")[1].splitlines()[1]
             assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
         assert b"mla_jit_decode_splitkv_smem_bytes" in binary.cubin or family_name == "mla_metadata"
+
+
+def _cuobjdump():
+    try:
+        from cuda import pathfinder
+        return pathfinder.find_nvidia_binary_utility("cuobjdump")
+    except Exception:
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch_name,rows", [("sm_80", 128), ("sm_80", 16), ("sm_86", 64), ("sm_89", 128)])
+def test_sm80_family_compiles_without_spills_with_hmma_and_cp_async(arch_name, rows, cache_root, monkeypatch,
+                                                                      tmp_path):
+    import subprocess
+
+    from mla_jit.configs.decode import sm80_decode_config
+    from mla_jit.jit.arch import resolve_for_build
+    monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
+    arch = resolve_for_build(arch_name)
+    family = registry.get("mla_decode_sm80")
+    cfg = sm80_decode_config("bf16", 576, 512, 64, rows, arch.tuning)
+    binary = build(family.source(cfg, arch))
+    for entry in family.entry_points(cfg):
+        report = binary.log.split(f"Function properties for {entry}")[1].splitlines()[1]
+        assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
+    # Shared memory is checked against the arch's per-block limit by a static_assert in the header.
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(binary.cubin)
+    sass = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    assert "HMMA.16816" in sass and "LDGSTS" in sass
+    assert "LDL" not in sass and "STL" not in sass
+
+
+def test_sm80_smem_limit_is_enforced_at_compile_time(cache_root):
+    import dataclasses
+
+    import mla_jit
+    from mla_jit.configs.decode import sm80_decode_config
+    from mla_jit.jit.arch import resolve_for_build
+    arch = resolve_for_build("sm_89")
+    family = registry.get("mla_decode_sm80")
+    cfg = dataclasses.replace(sm80_decode_config("bf16", 576, 512, 64, 64, arch.tuning), smem_limit=48 * 1024)
+    with pytest.raises(mla_jit.CompileError, match="static assert|static_assert"):
+        build(family.source(cfg, arch))
+
+
+def test_sm80_family_needs_explicit_opt_in_until_verified():
+    family = registry.get("mla_decode_sm80")
+    assert family.verified_on_gpu is False  # flip once the GPU grid passes with MLA_JIT_ARCH=sm_80/sm_89

@@ -20,6 +20,28 @@ class MetadataConfig:
 
 
 @dataclass(frozen=True)
+class Sm80DecodeConfig:
+    """The mma.sync + cp.async family (sm_80, sm_86, sm_89): tiles sized to each arch's smem."""
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    page_size: int
+    block_m: int
+    block_n: int
+    num_stages: int
+    num_warps: int
+    smem_limit: int     # bytes of shared memory per block on the tuning arch
+
+    @property
+    def num_threads(self) -> int:
+        return 32 * self.num_warps
+
+
+# Per-block shared memory: sm_80 163 KB, sm_86/sm_89 99 KB.
+_SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024}
+
+
+@dataclass(frozen=True)
 class DecodeConfig:
     dtype: str          # "bf16" or "fp16"
     head_dim: int       # d of q and k
@@ -41,9 +63,30 @@ def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, ar
     return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=2)
 
 
-def num_sm_parts(num_sms: int, num_q_tokens_per_head_k: int, num_heads_k: int) -> int:
+@functools.lru_cache(maxsize=None)
+def sm80_decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, rows: int,
+                       arch: Arch) -> Sm80DecodeConfig:
+    block_m, block_n, stages, warps = _sm80_tiles(rows, arch)
+    return Sm80DecodeConfig(dtype, head_dim, head_dim_v, page_size, block_m, block_n, stages, warps,
+                            _SMEM_LIMIT[arch.name])
+
+
+def _sm80_tiles(rows: int, arch: Arch) -> tuple[int, int, int, int]:
+    """(block_m, block_n, stages, warps). 99 KB parts take 32-row x 16-token tiles, 3 stages;
+    sm_80 (163 KB) 64 x 32 with 2 stages, or 16 x 32 with 3 stages when there are <= 16 rows."""
+    if arch.name == "sm_80":
+        return (16, 32, 3, 4) if rows <= 16 else (64, 32, 2, 8)
+    return (32, 16, 3, 4)
+
+
+def block_m_for(rows: int, arch: Arch) -> int:
+    """Query rows per CTA of the decode kernel serving `arch` (grid and scheduler both use it)."""
+    return BLOCK_M if arch.major >= 9 else _sm80_tiles(rows, arch)[0]
+
+
+def num_sm_parts(num_sms: int, num_q_tokens_per_head_k: int, num_heads_k: int, block_m: int = BLOCK_M) -> int:
     """CTAs per (KV head, row tile) so that one wave covers the GPU."""
-    row_tiles = -(-num_q_tokens_per_head_k // BLOCK_M)
+    row_tiles = -(-num_q_tokens_per_head_k // block_m)
     return max(1, num_sms // (num_heads_k * row_tiles))
 
 

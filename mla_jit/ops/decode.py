@@ -6,13 +6,14 @@ import math
 
 import torch
 
-from ..configs.decode import (BLOCK_M, SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, accum_rows,
-                              decode_config, metadata_config, num_sm_parts)
+from ..configs.decode import (SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, accum_rows, block_m_for,
+                              decode_config, metadata_config, num_sm_parts, sm80_decode_config)
 from ..dtypes import name_of
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, UnsupportedArchError
 from ..jit import tma
 from ..jit.arch import resolve_for_device
-from ..jit.launch import TMA_DESC, Blob
+from ..jit import env
+from ..jit.launch import PTR, TMA_DESC, Blob
 from ..jit.loader import read_global_int32
 from ..jit.stream import current_stream
 from ..runtimes import registry
@@ -49,7 +50,7 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
     family = registry.get("mla_metadata")
     try:
         signature = (cache_seqlens.shape, cache_seqlens.dtype, cache_seqlens.stride(), cache_seqlens.get_device(),
-                     num_q_tokens_per_head_k, num_heads_k)
+                     num_q_tokens_per_head_k, num_heads_k, env.arch_override())
         plan = family.plans.get(signature)
     except (AttributeError, TypeError):  # not a tensor, or an unhashable count: full checks below
         plan = None
@@ -79,12 +80,14 @@ def _metadata_plan(cache_seqlens, num_q_tokens_per_head_k, num_heads_k):
     if not isinstance(num_heads_k, int) or not 1 <= num_heads_k <= _MAX_H_KV:
         raise InvalidArgumentError("num_heads_k", f"an int in [1, {_MAX_H_KV}]", repr(num_heads_k))
     device = cache_seqlens.get_device()
+    arch = resolve_for_device(device)
     batch = cache_seqlens.shape[0]
-    parts = num_sm_parts(_num_sms(device), num_q_tokens_per_head_k, num_heads_k)
+    parts = num_sm_parts(_num_sms(device), num_q_tokens_per_head_k, num_heads_k,
+                         block_m_for(num_q_tokens_per_head_k, arch.tuning))
     launch = None
     if batch:
         family = registry.get("mla_metadata")
-        launch = family.launcher(metadata_config(), resolve_for_device(device), family.ENTRY, device,
+        launch = family.launcher(metadata_config(), arch, family.ENTRY, device,
                                  (Blob(METADATA_PARAMS.size),), (1, 1, 1), (128, 1, 1))
     return launch, parts, batch
 
@@ -133,24 +136,38 @@ def _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_
 
 
 def _decode_plan(q, k_cache, head_dim_v: int, parts: int):
-    """(splitkv launch, combine launch, kv descriptor box) for this shape; cached by the caller."""
+    """(splitkv launch, combine launch, TMA box or None) for this shape; cached by the caller.
+
+    sm_90a runs the TMA + wgmma family; sm_80/86/89 the mma.sync + cp.async family, which takes
+    the cache as a plain pointer instead of a TMA descriptor."""
     device = q.get_device()
     arch = resolve_for_device(device)
     b, s_q, h_q, d = q.shape
     _, page_size, h_kv, _ = k_cache.shape
-    family = registry.get("mla_decode_sm90")
-    cfg = decode_config(name_of(q.dtype), d, head_dim_v, page_size, arch.tuning)
     rows = s_q * (h_q // h_kv)
+    dtype = name_of(q.dtype)
+    if arch.tuning.major >= 9:
+        family = registry.get("mla_decode_sm90")
+        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning)
+        params, threads, box = (Blob(DECODE_PARAMS.size), TMA_DESC), 256, (min(page_size, cfg.block_n), 1, 64)
+    else:
+        family = registry.get("mla_decode_sm80")
+        if not family.verified_on_gpu and not env.arch_override():
+            raise UnsupportedArchError(
+                f"the {arch.tuning.name} decode kernels have not been verified on a GPU yet; set "
+                f"MLA_JIT_ARCH={arch.tuning.name} to use them anyway")
+        cfg = sm80_decode_config(dtype, d, head_dim_v, page_size, rows, arch.tuning)
+        params, threads, box = (Blob(DECODE_PARAMS.size), PTR), cfg.num_threads, None
     smem_key = (cfg, arch, device)
     smem = family.plans.get(smem_key)
     if smem is None:
         smem = family.plans[smem_key] = read_global_int32(family.binary(cfg, arch),
                                                           f"{family.SPLITKV}_smem_bytes", device)
-    splitkv = family.launcher(cfg, arch, family.SPLITKV, device, (Blob(DECODE_PARAMS.size), TMA_DESC),
-                              (parts, h_kv, -(-rows // cfg.block_m)), (256, 1, 1), dynamic_smem=smem)
+    splitkv = family.launcher(cfg, arch, family.SPLITKV, device, params,
+                              (parts, h_kv, -(-rows // cfg.block_m)), (threads, 1, 1), dynamic_smem=smem)
     combine = family.launcher(cfg, arch, family.COMBINE, device, (Blob(DECODE_PARAMS.size),),
                               (b, h_kv, -(-rows // 8)), (256, 1, 1), pdl=True)
-    return splitkv, combine, (min(page_size, cfg.block_n), 1, 64)
+    return splitkv, combine, box
 
 
 def _kv_descriptor(k_cache: torch.Tensor, box: tuple[int, int, int]) -> tma.TmaDescriptor:
@@ -173,7 +190,8 @@ def _signature(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_schedule
             block_table.get_device(), cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
             cache_seqlens.get_device(), tile_scheduler_metadata.shape, tile_scheduler_metadata.stride(),
             tile_scheduler_metadata.dtype, tile_scheduler_metadata.get_device(), num_splits.shape,
-            num_splits.stride(), num_splits.dtype, num_splits.get_device(), head_dim_v)
+            num_splits.stride(), num_splits.dtype, num_splits.get_device(), head_dim_v,
+            env.arch_override())  # MLA_JIT_ARCH is read live: another value is another plan
 
 
 class _DecodePlan:
@@ -244,6 +262,6 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         b, s_q, h_q, plan.h_kv, plan.q_per_kv, plan.rows, plan.parts, plan.max_blocks, scale, scale * _LOG2E,
         1 if causal and s_q > 1 else 0)
     stream = current_stream(plan.device_index)
-    plan.splitkv(stream, params, _kv_descriptor(k_cache, plan.box))
+    plan.splitkv(stream, params, _kv_descriptor(k_cache, plan.box) if plan.box is not None else k_ptr)
     plan.combine(stream, params)
     return out, lse

@@ -4,8 +4,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Iterable
 
-from ..configs.decode import (SUPPORTED_HEAD_DIMS, DecodeConfig, MetadataConfig, decode_config,
-                              metadata_config)
+from ..configs.decode import (SUPPORTED_HEAD_DIMS, DecodeConfig, MetadataConfig, Sm80DecodeConfig,
+                              decode_config, metadata_config, sm80_decode_config)
 from ..dtypes import cpp_type
 from ..jit.arch import Arch, ArchPair
 from ..presets import Preset
@@ -24,7 +24,7 @@ class MlaMetadataFamily(KernelFamily[MetadataConfig]):
     template = "mla_metadata.cu.j2"
     config_type = MetadataConfig
     ops = ("get_mla_metadata", "flash_mla_with_kvcache")
-    tunings = ("sm_90a",)
+    tunings = ("sm_90a", "sm_80", "sm_86", "sm_89")
     ENTRY = "mla_jit_mla_metadata"
 
     def entry_points(self, cfg: MetadataConfig) -> tuple[str, ...]:
@@ -35,6 +35,10 @@ class MlaMetadataFamily(KernelFamily[MetadataConfig]):
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[MetadataConfig]:
         return [metadata_config()]
+
+
+def _preset_shapes(presets: list[Preset]) -> list[Preset]:
+    return [p for p in presets if (p.head_dim, p.head_dim_v) in SUPPORTED_HEAD_DIMS]
 
 
 @register
@@ -56,11 +60,34 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
                 "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[DecodeConfig]:
-        seen: list[DecodeConfig] = []
-        for p in presets:
-            if (p.head_dim, p.head_dim_v) not in SUPPORTED_HEAD_DIMS:
-                continue
-            cfg = decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch)
-            if cfg not in seen:
-                seen.append(cfg)
-        return seen
+        configs = (decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch) for p in _preset_shapes(presets))
+        return list(dict.fromkeys(configs))
+
+
+@register
+class MlaDecodeSm80Family(KernelFamily[Sm80DecodeConfig]):
+    """mma.sync + cp.async split-KV kernel for GPUs without TMA/wgmma. Compile-checked only so far:
+    it is used when MLA_JIT_ARCH names its arch explicitly, never picked by detection alone."""
+    name = "mla_decode_sm80"
+    template = "mla_decode_sm80.cu.j2"
+    config_type = Sm80DecodeConfig
+    ops = ("flash_mla_with_kvcache",)
+    tunings = ("sm_80", "sm_86", "sm_89")
+    verified_on_gpu = False
+    SPLITKV = "mla_jit_decode_sm80_splitkv"
+    COMBINE = "mla_jit_decode_combine"
+
+    def entry_points(self, cfg: Sm80DecodeConfig) -> tuple[str, ...]:
+        return (self.SPLITKV, self.COMBINE)
+
+    def render_context(self, cfg: Sm80DecodeConfig, arch: ArchPair) -> dict[str, Any]:
+        return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "dtype": cpp_type(cfg.dtype),
+                "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "page_size": cfg.page_size,
+                "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
+                "num_warps": cfg.num_warps, "smem_limit": cfg.smem_limit}
+
+    def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[Sm80DecodeConfig]:
+        configs = (sm80_decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size,
+                                      s_q * p.num_heads_q // p.num_heads_kv, arch)
+                   for p in _preset_shapes(presets) for s_q in (1, 2))
+        return list(dict.fromkeys(configs))
