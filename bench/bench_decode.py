@@ -81,10 +81,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=len(ANCHOR_ROWS))
     parser.add_argument("--arch", help="kernel family tuning, e.g. sm_80 or sm_89 (sets MLA_JIT_ARCH); "
                         "default: the GPU's own")
+    parser.add_argument("--schedule", choices=("baseline", "seesaw"),
+                        help="sm90 split-KV schedule (sets MLA_JIT_SM90_DECODE_SCHEDULE)")
     args = parser.parse_args()
+    import os
     if args.arch:
-        import os
         os.environ["MLA_JIT_ARCH"] = args.arch
+    if args.schedule:
+        os.environ["MLA_JIT_SM90_DECODE_SCHEDULE"] = args.schedule
     flush = torch.empty(2 ** 30 // 4 * 2, dtype=torch.float32, device="cuda")  # 2 GB > L2
     results = []
     for b, s_q, s_k, h_q, causal, anchor_us in ANCHOR_ROWS[:args.rows]:
@@ -115,7 +119,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
-    report["arch"] = args.arch or "native"
+    report["arch"] = (args.arch or "native") + (f", {args.schedule}" if args.schedule else "")
     print(f"\n== dense MLA decode vs FlashMLA ({report['gpu']}, kernels: {report['arch']}) ==")
     print(f"{'b':>4} {'sq':>2} {'sk':>6} {'hq':>4} {'c':>1} {'us':>8} {'TFLOPS':>7} {'GB/s':>6} "
           f"{'FlashMLA':>8} {'ratio':>6} {'roof':>5}")

@@ -34,6 +34,9 @@ fi
 python3 bench/bench_jit.py --json "$OUT/bench_jit.json" 2>&1 | tee "$OUT/bench_jit.log" | tail -n 12
 if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
   python3 bench/bench_decode.py --json "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.log" | tail -n 40
+  if [ -n "${BENCH_SEESAW:-}" ]; then
+    python3 bench/bench_decode.py --schedule seesaw --json "$OUT/bench_decode_seesaw.json" 2>&1 | tail -n 26
+  fi
   for arch in ${BENCH_ARCHS:-}; do  # e.g. BENCH_ARCHS="sm_80 sm_89": the Ampere/Ada family on this GPU
     python3 bench/bench_decode.py --arch "$arch" --json "$OUT/bench_decode_$arch.json" 2>&1 | tail -n 26
   done

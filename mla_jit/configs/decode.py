@@ -50,6 +50,7 @@ class DecodeConfig:
     block_m: int
     block_n: int
     num_stages: int
+    schedule: str = "baseline"   # or "seesaw": warpgroups alternate tiles (splitkv_seesaw.cuh)
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,9 +59,10 @@ def metadata_config() -> MetadataConfig:
 
 
 @functools.lru_cache(maxsize=None)
-def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch) -> DecodeConfig:
+def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
+                  schedule: str = "baseline") -> DecodeConfig:
     # Q (64 x d) + 2 KV stages (64 x d each) fill Hopper's 227 KB; 3 stages do not fit at d=576.
-    return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=2)
+    return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=2, schedule=schedule)
 
 
 @functools.lru_cache(maxsize=None)

@@ -39,6 +39,8 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("MLA_JIT_LINEINFO", "0", "1: compile with -lineinfo (for profilers and sanitizers).",
            changes_binary=True),
     EnvVar("MLA_JIT_LOCK_TIMEOUT", "900", "Seconds to wait for another process compiling the same kernel."),
+    EnvVar("MLA_JIT_SM90_DECODE_SCHEDULE", "baseline",
+           "sm90 split-KV schedule: baseline, or seesaw (experimental, not yet run on a GPU)."),
 ]}
 
 
@@ -106,3 +108,11 @@ def lock_timeout() -> float:
 def effective() -> dict[str, str]:
     """Every variable with its effective value (for `mla-jit info`)."""
     return {name: _raw(name) for name in ENV_VARS}
+
+
+def sm90_decode_schedule() -> str:
+    name = _raw("MLA_JIT_SM90_DECODE_SCHEDULE").strip().lower()
+    if name not in ("baseline", "seesaw"):
+        from ..errors import MlaJitError
+        raise MlaJitError(f"MLA_JIT_SM90_DECODE_SCHEDULE: expected 'baseline' or 'seesaw', got {name!r}")
+    return name

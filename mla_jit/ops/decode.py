@@ -148,7 +148,7 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int):
     dtype = name_of(q.dtype)
     if arch.tuning.major >= 9:
         family = registry.get("mla_decode_sm90")
-        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning)
+        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, env.sm90_decode_schedule())
         params, threads, box = (Blob(DECODE_PARAMS.size), TMA_DESC), 256, (min(page_size, cfg.block_n), 1, 64)
     else:
         family = registry.get("mla_decode_sm80")
@@ -191,7 +191,7 @@ def _signature(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_schedule
             cache_seqlens.get_device(), tile_scheduler_metadata.shape, tile_scheduler_metadata.stride(),
             tile_scheduler_metadata.dtype, tile_scheduler_metadata.get_device(), num_splits.shape,
             num_splits.stride(), num_splits.dtype, num_splits.get_device(), head_dim_v,
-            env.arch_override())  # MLA_JIT_ARCH is read live: another value is another plan
+            env.arch_override(), env.sm90_decode_schedule())  # env read live: another value, another plan
 
 
 class _DecodePlan:

@@ -7,6 +7,7 @@ from typing import Any, Iterable
 from ..configs.decode import (SUPPORTED_HEAD_DIMS, DecodeConfig, MetadataConfig, Sm80DecodeConfig,
                               decode_config, metadata_config, sm80_decode_config)
 from ..dtypes import cpp_type
+from ..jit import env
 from ..jit.arch import Arch, ArchPair
 from ..presets import Preset
 from .base import KernelFamily
@@ -54,13 +55,24 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
     def entry_points(self, cfg: DecodeConfig) -> tuple[str, ...]:
         return (self.SPLITKV, self.COMBINE)
 
+    # schedule -> (header, config struct, device body)
+    SCHEDULES = {
+        "baseline": ("mla_jit/decode/splitkv.cuh", "SplitKVConfig", "mla_splitkv_body"),
+        "seesaw": ("mla_jit/decode/splitkv_seesaw.cuh", "SeesawConfig", "mla_splitkv_seesaw_body"),
+    }
+
     def render_context(self, cfg: DecodeConfig, arch: ArchPair) -> dict[str, Any]:
+        header, config, body = self.SCHEDULES[cfg.schedule]
         return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "dtype": cpp_type(cfg.dtype),
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "page_size": cfg.page_size,
-                "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages}
+                "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
+                "schedule": cfg.schedule, "splitkv_header": header, "splitkv_config": config,
+                "splitkv_body": body}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[DecodeConfig]:
-        configs = (decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch) for p in _preset_shapes(presets))
+        schedule = env.sm90_decode_schedule()
+        configs = (decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch, schedule)
+                   for p in _preset_shapes(presets))
         return list(dict.fromkeys(configs))
 
 
