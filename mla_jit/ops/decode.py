@@ -10,9 +10,8 @@ from ..configs.decode import (SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, accum_r
                               decode_config, metadata_config, num_sm_parts, sm80_decode_config)
 from ..dtypes import name_of
 from ..errors import InvalidArgumentError, UnsupportedArchError
-from ..jit import tma
+from ..jit import env, tma
 from ..jit.arch import resolve_for_device
-from ..jit import env
 from ..jit.launch import PTR, TMA_DESC, Blob
 from ..jit.loader import read_global_int32
 from ..jit.stream import current_stream
@@ -53,10 +52,11 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
                      num_q_tokens_per_head_k, num_heads_k, env.arch_override())
         plan = family.plans.get(signature)
     except (AttributeError, TypeError):  # not a tensor, or an unhashable count: full checks below
-        plan = None
+        plan = signature = None
     if plan is None:
         plan = _metadata_plan(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
-        family.plans[signature] = plan
+        if signature is not None:
+            family.plans[signature] = plan
     launch, parts, batch = plan
     metadata = torch.empty((parts, _METADATA_SIZE), dtype=torch.int32, device=cache_seqlens.device)
     num_splits = torch.empty((batch + 1,), dtype=torch.int32, device=cache_seqlens.device)
@@ -222,7 +222,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                            causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged MLA decode (FlashMLA's API). Returns out (b, s_q, h_q, head_dim_v) in q's dtype and
     lse (b, h_q, s_q) float32 (natural log; +inf for rows that see no key)."""
-    family = registry.get("mla_decode_sm90")
+    family = registry.get("mla_decode_sm90")  # holds the op's plans, whichever family a plan launches
     try:
         signature = _signature(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                                num_splits)
