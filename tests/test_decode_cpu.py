@@ -59,11 +59,17 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
 
 
 def _cuobjdump():
+    """cuobjdump and the environment it needs to find nvdisasm, or (None, None)."""
+    import os
     try:
         from cuda import pathfinder
-        return pathfinder.find_nvidia_binary_utility("cuobjdump")
+        tool = pathfinder.find_nvidia_binary_utility("cuobjdump")
+        disasm = pathfinder.find_nvidia_binary_utility("nvdisasm")
     except Exception:
-        return None
+        return None, None
+    if not tool or not disasm:
+        return None, None
+    return tool, {**os.environ, "PATH": f"{os.path.dirname(disasm)}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 @pytest.mark.slow
@@ -83,12 +89,13 @@ def test_sm80_family_compiles_without_spills_with_hmma_and_cp_async(arch_name, r
         report = binary.log.split(f"Function properties for {entry}")[1].splitlines()[1]
         assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
     # Shared memory is checked against the arch's per-block limit by a static_assert in the header.
-    tool = _cuobjdump()
+    tool, tool_env = _cuobjdump()
     if tool is None:
-        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+        pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(binary.cubin)
-    sass = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    sass = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True,
+                          env=tool_env).stdout
     assert "HMMA.16816" in sass and "LDGSTS" in sass
     assert "LDL" not in sass and "STL" not in sass
 
