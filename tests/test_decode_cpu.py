@@ -116,3 +116,48 @@ def test_sm80_smem_limit_is_enforced_at_compile_time(cache_root):
 def test_sm80_family_needs_explicit_opt_in_until_verified():
     family = registry.get("mla_decode_sm80")
     assert family.verified_on_gpu is False  # flip once the GPU grid passes with MLA_JIT_ARCH=sm_80/sm_89
+
+
+@pytest.mark.parametrize("tuning,override,rows,expect", [
+    ("sm_90a", "", 128, ("mla_decode_sm90", 2, 256, (64, 1, 64))),
+    ("sm_80", "sm_80", 16, ("mla_decode_sm80", 1, 128, None)),
+    ("sm_89", "sm_89", 128, ("mla_decode_sm80", 4, 128, None)),
+])
+def test_decode_launch_geometry(tuning, override, rows, expect, monkeypatch):
+    """Host-side plan for each family, without a GPU: grid, block, smem source and TMA box."""
+    import torch
+
+    from mla_jit.jit.arch import ArchPair, parse_arch
+    from mla_jit.ops import decode as op
+    arch = ArchPair(parse_arch(tuning), parse_arch("sm_90a"))
+    monkeypatch.setattr(op, "resolve_for_device", lambda device: arch)
+    monkeypatch.setenv("MLA_JIT_ARCH", override)
+    monkeypatch.setattr(op, "read_global_int32", lambda binary, symbol, device: (symbol, 1234))
+    calls = []
+    for name in ("mla_decode_sm90", "mla_decode_sm80"):
+        family = registry.get(name)
+        monkeypatch.setattr(family, "binary", lambda cfg, arch: None)
+        monkeypatch.setattr(family, "launcher", lambda *a, **k: calls.append((a, k)) or len(calls))
+    q = torch.zeros(3, 1, rows, 576, dtype=torch.bfloat16)
+    k_cache = torch.zeros(4, 64, 1, 576, dtype=torch.bfloat16)
+    splitkv, combine, box = op._decode_plan(q, k_cache, 512, parts=7)
+    family_name, row_tiles, threads, want_box = expect
+    (sk_args, sk_kw), (cb_args, cb_kw) = calls
+    assert sk_args[2] == registry.get(family_name).SPLITKV
+    assert sk_args[5:7] == ((7, 1, row_tiles), (threads, 1, 1))
+    assert sk_kw["dynamic_smem"] == (f"{registry.get(family_name).SPLITKV}_smem_bytes", 1234)
+    assert cb_args[5:7] == ((3, 1, -(-rows // 8)), (256, 1, 1)) and cb_kw["pdl"] is True
+    assert box == want_box
+
+
+def test_unverified_family_needs_explicit_arch(monkeypatch):
+    import torch
+
+    import mla_jit
+    from mla_jit.jit.arch import ArchPair, parse_arch
+    from mla_jit.ops import decode as op
+    monkeypatch.setattr(op, "resolve_for_device", lambda device: ArchPair(parse_arch("sm_80"), parse_arch("sm_80")))
+    monkeypatch.delenv("MLA_JIT_ARCH", raising=False)
+    q = torch.zeros(1, 1, 16, 576, dtype=torch.bfloat16)
+    with pytest.raises(mla_jit.UnsupportedArchError, match="MLA_JIT_ARCH=sm_80"):
+        op._decode_plan(q, torch.zeros(1, 64, 1, 576, dtype=torch.bfloat16), 512, parts=1)
