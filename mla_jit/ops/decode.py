@@ -165,8 +165,9 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int):
                                                           f"{family.SPLITKV}_smem_bytes", device)
     splitkv = family.launcher(cfg, arch, family.SPLITKV, device, params,
                               (parts, h_kv, -(-rows // cfg.block_m)), (threads, 1, 1), dynamic_smem=smem)
+    # Programmatic dependent launch exists from sm_90 on; below, the combine simply follows in stream order.
     combine = family.launcher(cfg, arch, family.COMBINE, device, (Blob(DECODE_PARAMS.size),),
-                              (b, h_kv, -(-rows // 8)), (256, 1, 1), pdl=True)
+                              (b, h_kv, -(-rows // 8)), (256, 1, 1), pdl=arch.target.major >= 9)
     return splitkv, combine, box
 
 
