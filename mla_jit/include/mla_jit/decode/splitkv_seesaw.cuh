@@ -401,6 +401,9 @@ __device__ __forceinline__ void mla_splitkv_seesaw_body(const DecodeParams& p, c
     }
     // P_t / stat[stage] are free: their readers (tile t - 2) finished before this stage was
     // refilled with tile t, and the owner waited full[stage](t) in compute_s.
+    // At d=576 P overwrites this tile's rope columns, which the S wgmma of every warp of the
+    // warpgroup reads: wgmma.wait_group covers only the calling warp, so wait for all four.
+    if constexpr (Cfg::kPInRope) named_barrier_sync(1 + wg, 128);
     Tensor sP = make_tensor(make_smem_ptr(p_ptr(stage)), typename Cfg::SmemLayoutP{});
 #pragma unroll
     for (int j = 0; j < size(tSrS) / 4; ++j) {
