@@ -84,45 +84,6 @@ struct SplitKVConfig {
   static constexpr unsigned kPageBytes = kBoxRows * HEAD_DIM * sizeof(Element);
 };
 
-namespace detail {
-
-// Cursor over the tiles of one CTA's work range: batch bi, tile start tok, piece [start, stop).
-struct WorkCursor {
-  int bi = 0, tok = 0, stop = 0, L = 0;
-  int begin_b = 0, begin_tok = 0, end_b = -1, end_tok = 0;
-
-  __device__ __forceinline__ bool valid() const { return bi <= end_b; }
-
-  // Moves to the first non-empty piece at or after batch `b`.
-  __device__ __forceinline__ void seek(const int* seqlens, int b) {
-    for (bi = b; bi <= end_b; ++bi) {
-      L = max(seqlens[bi], 0);
-      const int start = bi == begin_b ? begin_tok : 0;
-      stop = bi == end_b ? min(end_tok, L) : L;
-      if (start < stop) {
-        tok = start;
-        return;
-      }
-    }
-  }
-  __device__ __forceinline__ void init(const int* meta, const int* seqlens) {
-    begin_b = meta[kMetaBeginBatch];
-    begin_tok = meta[kMetaBeginToken];
-    end_b = meta[kMetaEndBatch];
-    end_tok = meta[kMetaEndToken];
-    seek(seqlens, begin_b);
-  }
-  // Returns true when the tile just left was the last one of its piece.
-  template <int BLOCK_N>
-  __device__ __forceinline__ bool advance(const int* seqlens) {
-    tok += BLOCK_N;
-    if (tok < stop) return false;
-    seek(seqlens, bi + 1);
-    return true;
-  }
-};
-
-}  // namespace detail
 
 template <typename Cfg>
 __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const TmaDescriptor* tmap) {

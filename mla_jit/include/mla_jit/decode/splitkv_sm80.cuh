@@ -169,37 +169,6 @@ __device__ __forceinline__ unsigned swz(int row, int c) {
   }
 }
 
-// Cursor over the tiles of one CTA's work range (same walk as the sm90 kernel's).
-struct Cursor {
-  int bi = 0, tok = 0, stop = 0, L = 0;
-  int begin_b = 0, begin_tok = 0, end_b = -1, end_tok = 0;
-
-  __device__ __forceinline__ bool valid() const { return bi <= end_b; }
-  __device__ __forceinline__ void seek(const int* seqlens, int b) {
-    for (bi = b; bi <= end_b; ++bi) {
-      L = max(seqlens[bi], 0);
-      const int start = bi == begin_b ? begin_tok : 0;
-      stop = bi == end_b ? min(end_tok, L) : L;
-      if (start < stop) {
-        tok = start;
-        return;
-      }
-    }
-  }
-  __device__ __forceinline__ void init(const int* meta, const int* seqlens) {
-    begin_b = meta[kMetaBeginBatch];
-    begin_tok = meta[kMetaBeginToken];
-    end_b = meta[kMetaEndBatch];
-    end_tok = meta[kMetaEndToken];
-    seek(seqlens, begin_b);
-  }
-  template <int BLOCK_N>
-  __device__ __forceinline__ void advance(const int* seqlens) {
-    tok += BLOCK_N;
-    if (tok < stop) return;
-    seek(seqlens, bi + 1);
-  }
-};
 
 }  // namespace sm80
 
@@ -238,7 +207,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_body(const DecodeParams& p, con
   // Thread tid copies chunks idx = i * NT + tid of a tile: token idx / RC, column chunk idx % RC.
   // The cache row of each chunk's token is fetched one tile ahead (kv_row, -1 = zero-fill) so the
   // block-table latency is off the issue path.
-  sm80::Cursor prod;
+  detail::WorkCursor prod;
   prod.init(meta, seqlens);
   int kv_row[Cfg::kChunksPerThread];
   auto fetch_rows = [&]() {
@@ -276,7 +245,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_body(const DecodeParams& p, con
   for (int s = 0; s < NS - 1; ++s) issue_tile();
 
   // ------------------------------------------------------------------ consumer state
-  sm80::Cursor cur;
+  detail::WorkCursor cur;
   cur.init(meta, seqlens);
 
   float o[MT][O_NT][4];
