@@ -116,3 +116,13 @@ def sm90_decode_schedule() -> str:
         from ..errors import MlaJitError
         raise MlaJitError(f"MLA_JIT_SM90_DECODE_SCHEDULE: expected 'baseline' or 'seesaw', got {name!r}")
     return name
+
+
+_PLAN_VARS = ("MLA_JIT_ARCH", "MLA_JIT_SM90_DECODE_SCHEDULE")
+
+
+def plan_inputs() -> tuple[str | None, ...]:
+    """Raw values of the variables that pick a kernel, for ops' warm-path plan keys: no parsing
+    here (it is on every call); the parsed accessors above run when a plan is built."""
+    get = os.environ.get
+    return tuple(get(name) for name in _PLAN_VARS)

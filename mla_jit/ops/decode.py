@@ -49,7 +49,7 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
     family = registry.get("mla_metadata")
     try:
         signature = (cache_seqlens.shape, cache_seqlens.dtype, cache_seqlens.stride(), cache_seqlens.get_device(),
-                     num_q_tokens_per_head_k, num_heads_k, env.arch_override())
+                     num_q_tokens_per_head_k, num_heads_k, env.plan_inputs())
         plan = family.plans.get(signature)
     except (AttributeError, TypeError):  # not a tensor, or an unhashable count: full checks below
         plan = signature = None
@@ -192,7 +192,7 @@ def _signature(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_schedule
             cache_seqlens.get_device(), tile_scheduler_metadata.shape, tile_scheduler_metadata.stride(),
             tile_scheduler_metadata.dtype, tile_scheduler_metadata.get_device(), num_splits.shape,
             num_splits.stride(), num_splits.dtype, num_splits.get_device(), head_dim_v,
-            env.arch_override(), env.sm90_decode_schedule())  # env read live: another value, another plan
+            env.plan_inputs())  # MLA_JIT_ARCH / schedule are read live: another value, another plan
 
 
 class _DecodePlan:
