@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=len(ANCHOR_ROWS))
     parser.add_argument("--arch", help="kernel family tuning, e.g. sm_80 or sm_89 (sets MLA_JIT_ARCH); "
                         "default: the GPU's own")
-    parser.add_argument("--schedule", choices=("baseline", "seesaw"),
+    parser.add_argument("--schedule", choices=("baseline", "ws"),
                         help="sm90 split-KV schedule (sets MLA_JIT_SM90_DECODE_SCHEDULE)")
     args = parser.parse_args()
     import os

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,11 @@ class DecodeCase:
     def __str__(self) -> str:
         return (f"b{self.b}-sq{self.s_q}-sk{self.s_k}-hq{self.h_q}-hkv{self.h_kv}-{'var' if self.varlen else 'fix'}"
                 f"-c{int(self.causal)}-p{self.page}-{str(self.dtype)[6:]}-d{self.d}{'-zeros' if self.zero_lens else ''}")
+
+
+def case_seed(case: DecodeCase) -> int:
+    """A seed fixed by the case's name (str hashes change from one process to the next)."""
+    return zlib.crc32(str(case).encode()) % 1000
 
 
 def make_inputs(case: DecodeCase, seed: int = 0, poison: bool = True):

@@ -49,7 +49,7 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
     for family_name, cfg in (("mla_metadata", metadata_config()),
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning)),
-                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 16, SM90.tuning, "seesaw"))):
+                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 16, SM90.tuning, "ws"))):
         family = registry.get(family_name)
         binary = build(family.source(cfg, SM90))
         for entry in family.entry_points(cfg):

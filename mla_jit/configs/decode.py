@@ -50,7 +50,11 @@ class DecodeConfig:
     block_m: int
     block_n: int
     num_stages: int
-    schedule: str = "baseline"   # or "seesaw": warpgroups alternate tiles (splitkv_seesaw.cuh)
+    schedule: str = "baseline"   # or "ws": S/softmax warpgroup + two PV warpgroups (splitkv_ws.cuh)
+
+    @property
+    def num_threads(self) -> int:
+        return 384 if self.schedule == "ws" else 256
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,8 +65,12 @@ def metadata_config() -> MetadataConfig:
 @functools.lru_cache(maxsize=None)
 def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
                   schedule: str = "baseline") -> DecodeConfig:
-    # Q (64 x d) + 2 KV stages (64 x d each) fill Hopper's 227 KB; 3 stages do not fit at d=576.
-    return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=2, schedule=schedule)
+    # baseline: Q (64 x d) + 2 KV stages (64 x d each) fill Hopper's 227 KB; 3 do not fit at d=576.
+    # ws: Q[:, :dv] lives in registers and P in each stage's rope columns (or an 8 KB buffer per
+    # stage at d=dv), so 3 stages fit (224 KB at d=576, 216 KB at d=512).
+    num_stages = 3 if schedule == "ws" else 2
+    return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=num_stages,
+                        schedule=schedule)
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,6 +87,15 @@ def _sm80_tiles(rows: int, arch: Arch) -> tuple[int, int, int, int]:
     if arch.name == "sm_80":
         return (16, 32, 3, 4) if rows <= 16 else (64, 32, 2, 8)
     return (32, 16, 3, 4)
+
+
+def ctas_per_sm_for(rows: int, arch: Arch, smem_per_sm: int) -> int:
+    """Split-KV CTAs the scheduler plans to keep resident on each SM of a GPU with `smem_per_sm`
+    bytes of shared memory per SM, for the kernel tuned for `arch`. The sm90 kernel fills an SM
+    alone; a 99 KB-tuned sm80-family kernel fits twice on a 228 KB Hopper SM."""
+    if arch.major >= 9:
+        return 1
+    return max(1, smem_per_sm // _SMEM_LIMIT[arch.name])
 
 
 def block_m_for(rows: int, arch: Arch) -> int:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..configs.decode import (SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, accum_rows, block_m_for,
+from ..configs.decode import (SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, accum_rows, block_m_for, ctas_per_sm_for,
                               decode_config, metadata_config, num_sm_parts, sm80_decode_config)
 from ..dtypes import name_of
 from ..errors import InvalidArgumentError, UnsupportedArchError
@@ -17,7 +17,7 @@ from ..jit.loader import read_global_int32
 from ..jit.stream import current_stream
 from ..runtimes import registry
 from ..runtimes.decode import DECODE_PARAMS, METADATA_PARAMS
-from . import validate
+from . import validate, workspace
 
 _QKV_DTYPES = (torch.bfloat16, torch.float16)
 _METADATA_SIZE = 8
@@ -30,6 +30,11 @@ _MAX_H_KV = 8
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_per_sm(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).shared_memory_per_multiprocessor
 
 
 def _int32_vector(name: str, value, length: int | None, device=None) -> torch.Tensor:
@@ -58,8 +63,8 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
         if signature is not None:
             family.plans[signature] = plan
     launch, parts, batch = plan
-    metadata = torch.empty((parts, _METADATA_SIZE), dtype=torch.int32, device=cache_seqlens.device)
-    num_splits = torch.empty((batch + 1,), dtype=torch.int32, device=cache_seqlens.device)
+    metadata = cache_seqlens.new_empty((parts, _METADATA_SIZE))  # int32, like cache_seqlens
+    num_splits = cache_seqlens.new_empty((batch + 1,))
     if batch == 0:
         num_splits.zero_()
         metadata.zero_()
@@ -82,7 +87,8 @@ def _metadata_plan(cache_seqlens, num_q_tokens_per_head_k, num_heads_k):
     device = cache_seqlens.get_device()
     arch = resolve_for_device(device)
     batch = cache_seqlens.shape[0]
-    parts = num_sm_parts(_num_sms(device), num_q_tokens_per_head_k, num_heads_k,
+    resident = ctas_per_sm_for(num_q_tokens_per_head_k, arch.tuning, _smem_per_sm(device))
+    parts = num_sm_parts(_num_sms(device) * resident, num_q_tokens_per_head_k, num_heads_k,
                          block_m_for(num_q_tokens_per_head_k, arch.tuning))
     launch = None
     if batch:
@@ -149,7 +155,7 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int):
     if arch.tuning.major >= 9:
         family = registry.get("mla_decode_sm90")
         cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, env.sm90_decode_schedule())
-        params, threads, box = (Blob(DECODE_PARAMS.size), TMA_DESC), 256, (min(page_size, cfg.block_n), 1, 64)
+        params, threads, box = (Blob(DECODE_PARAMS.size), TMA_DESC), cfg.num_threads, (min(page_size, cfg.block_n), 1, 64)
     else:
         family = registry.get("mla_decode_sm80")
         if not family.verified_on_gpu and not env.arch_override():
@@ -199,7 +205,8 @@ class _DecodePlan:
     """Everything a warm call needs for one validated signature."""
 
     __slots__ = ("splitkv", "combine", "box", "parts", "h_kv", "q_per_kv", "rows", "o_accum_elems",
-                 "accum_elems", "max_blocks", "bt_stride", "default_scale", "device_index")
+                 "accum_elems", "max_blocks", "bt_stride", "default_scale", "device_index", "out_shape",
+                 "lse_shape")
 
     def __init__(self, q, k_cache, block_table, head_dim_v: int, parts: int):
         self.splitkv, self.combine, self.box = _decode_plan(q, k_cache, head_dim_v, parts)
@@ -215,6 +222,8 @@ class _DecodePlan:
         self.bt_stride = block_table.stride(0)
         self.default_scale = d ** -0.5
         self.device_index = q.get_device()
+        self.out_shape = (b, s_q, h_q, head_dim_v)
+        self.lse_shape = (b, h_q, s_q)
 
 
 def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
@@ -249,12 +258,11 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         raise InvalidArgumentError("softmax_scale", "a finite float or None", repr(softmax_scale))
     shape = signature[0]
     b, s_q, h_q = shape[0], shape[1], shape[2]
-    device = q.device
-    out = torch.empty((b, s_q, h_q, head_dim_v), dtype=signature[2], device=device)
-    lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=device)
-    # One scratch allocation for both partial buffers: o_accum then lse_accum (float32).
-    accum = torch.empty((plan.accum_elems,), dtype=torch.float32, device=device)  # freed after enqueue:
-    accum_ptr = accum.data_ptr()  # the allocator reuses it only for work ordered after ours on this stream
+    out = q.new_empty(plan.out_shape)  # new_empty: ~1 us cheaper than torch.empty(..., device=)
+    lse = q.new_empty(plan.lse_shape, dtype=torch.float32)
+    stream = current_stream(plan.device_index)
+    # Both partial buffers in one scratch block: o_accum then lse_accum (float32).
+    accum_ptr = workspace.float32_scratch(plan.device_index, stream, plan.accum_elems, q).data_ptr()
     q_stride = signature[1]
     params = DECODE_PARAMS.pack(
         q_ptr, out.data_ptr(), lse.data_ptr(), accum_ptr, accum_ptr + 4 * plan.o_accum_elems,
@@ -262,7 +270,6 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         num_splits.data_ptr(), q_stride[0], q_stride[1], q_stride[2], plan.bt_stride,
         b, s_q, h_q, plan.h_kv, plan.q_per_kv, plan.rows, plan.parts, plan.max_blocks, scale, scale * _LOG2E,
         1 if causal and s_q > 1 else 0)
-    stream = current_stream(plan.device_index)
     plan.splitkv(stream, params, _kv_descriptor(k_cache, plan.box) if plan.box is not None else k_ptr)
     plan.combine(stream, params)
     return out, lse

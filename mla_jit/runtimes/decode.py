@@ -58,7 +58,7 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
     # schedule -> (header, config struct, device body)
     SCHEDULES = {
         "baseline": ("mla_jit/decode/splitkv.cuh", "SplitKVConfig", "mla_splitkv_body"),
-        "seesaw": ("mla_jit/decode/splitkv_seesaw.cuh", "SeesawConfig", "mla_splitkv_seesaw_body"),
+        "ws": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", "mla_splitkv_ws_body"),
     }
 
     def render_context(self, cfg: DecodeConfig, arch: ArchPair) -> dict[str, Any]:

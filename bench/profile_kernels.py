@@ -1,0 +1,38 @@
+"""Run one warm decode call per case, for `ncu` to profile (see scripts/ncu_run.sh).
+
+Usage: python bench/profile_kernels.py B S_Q S_K H_Q [--arch sm_80] [--schedule ws]
+The call is made 3 times: ncu's --launch-skip picks the last one (kernels warm, caches primed).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+import mla_jit
+from bench_decode import make_inputs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("b", type=int)
+    parser.add_argument("s_q", type=int)
+    parser.add_argument("s_k", type=int)
+    parser.add_argument("h_q", type=int)
+    parser.add_argument("--arch")
+    parser.add_argument("--schedule")
+    args = parser.parse_args()
+    if args.arch:
+        os.environ["MLA_JIT_ARCH"] = args.arch
+    if args.schedule:
+        os.environ["MLA_JIT_SM90_DECODE_SCHEDULE"] = args.schedule
+    q, k_cache, block_table, lens = make_inputs(args.b, args.s_q, args.s_k, args.h_q)
+    metadata, num_splits = mla_jit.get_mla_metadata(lens, args.s_q * args.h_q, 1)
+    for _ in range(3):
+        mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, metadata, num_splits)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
