@@ -5,7 +5,9 @@ import time
 import torch
 
 import mla_jit
+from mla_jit.jit import env
 from mla_jit.ops import decode as dec
+from mla_jit.ops import workspace
 from mla_jit.runtimes import registry
 
 from bench_decode import make_inputs
@@ -32,16 +34,31 @@ sig = dec._signature(*args)
 plan = fam.plans[sig]
 box = plan.box
 dev = q.device
+kv_desc = dec._kv_descriptor(k_cache, (k_cache.data_ptr(), k_cache.shape, k_cache.dtype), box)
+# Launch params of a real call (pointers into live tensors: the timed launches do real work).
+out = torch.empty((1, 1, 16, 512), dtype=torch.bfloat16, device=dev)
+lse = torch.empty((1, 16, 1), dtype=torch.float32, device=dev)
+scratch = workspace.float32_scratch(0, dec.current_stream(0), plan.accum_elems, q).data_ptr()
+params = dec.DECODE_PARAMS.pack(q.data_ptr(), out.data_ptr(), lse.data_ptr(), scratch, scratch + 4 * plan.o_accum_elems,
+                                block_table.data_ptr(), lens.data_ptr(), meta.data_ptr(), splits.data_ptr(),
+                                *q.stride()[:3], plan.bt_stride, 1, 1, 16, plan.h_kv, plan.q_per_kv, plan.rows,
+                                plan.parts, plan.max_blocks, plan.default_scale, plan.default_scale * 1.4426950408889634, 0)
 rows = {
     "whole decode call": lambda: mla_jit.flash_mla_with_kvcache(*args),
     "whole metadata call": lambda: mla_jit.get_mla_metadata(lens, 16, 1),
     "signature tuple": lambda: dec._signature(*args),
     "signature + dict get": lambda: fam.plans.get(dec._signature(*args)),
     "torch.empty x1": lambda: torch.empty((1, 1, 16, 512), dtype=torch.bfloat16, device=dev),
+    "q.new_empty x1": lambda: q.new_empty((1, 1, 16, 512)),
+    "scratch lookup": lambda: workspace.float32_scratch(0, dec.current_stream(0), plan.accum_elems, q),
+    "env plan inputs": lambda: env.plan_inputs(),
+    "splitkv launch": lambda: plan.splitkv(dec.current_stream(0), params, kv_desc),
+    "combine launch": lambda: plan.combine(dec.current_stream(0), params),
     "data_ptr x1": lambda: q.data_ptr(),
     "struct pack": lambda: dec.DECODE_PARAMS.pack(*([1] * 9), 1, 1, 1, 1, *([1] * 8), 1.0, 1.0, 0),
     "current_stream": lambda: dec.current_stream(0),
-    "kv descriptor lookup": lambda: dec._kv_descriptor(k_cache, box),
+    "kv descriptor lookup": lambda: dec._kv_descriptor(k_cache, (k_cache.data_ptr(), k_cache.shape,
+                                                                 k_cache.dtype), box),
 }
 for name, fn in rows.items():
     print(f"{name:28} {per_call_us(fn):7.2f} us")

@@ -51,9 +51,12 @@ if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
     tests/test_gpu_decode.py -k "$SANITIZE" 2>&1 | tee "$OUT/sanitizer.log" | tail -n 6
   echo "compute-sanitizer exit status: ${PIPESTATUS[0]}"
 fi
-python3 bench/bench_jit.py --json "$OUT/bench_jit.json" 2>&1 | tee "$OUT/bench_jit.log" | tail -n 12
+if [ -z "${SKIP_JIT_BENCH:-}" ]; then
+  python3 bench/bench_jit.py --json "$OUT/bench_jit.json" 2>&1 | tee "$OUT/bench_jit.log" | tail -n 12
+fi
 if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
   python3 bench/bench_decode.py --json "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.log" | tail -n 40
+  PYTHONPATH=$PWD/bench:$PYTHONPATH python3 bench/profile_host.py 2>&1 | tee "$OUT/profile_host.log"
   if [ -n "${BENCH_WS:-}" ]; then
     python3 bench/bench_decode.py --schedule ws --json "$OUT/bench_decode_ws.json" 2>&1 | tail -n 26
   fi

@@ -36,9 +36,24 @@ class Sm80DecodeConfig:
     def num_threads(self) -> int:
         return 32 * self.num_warps
 
+    @property
+    def q_in_registers(self) -> bool:
+        """BLOCK_M 16: Q in registers, QK split over d across 4 warps (splitkv_sm80.cuh)."""
+        return self.block_m == 16
+
+    @property
+    def smem_bytes(self) -> int:
+        """The kernel's dynamic shared memory (SplitKVSm80Config::kSmemBytes)."""
+        return _sm80_smem_bytes(self.block_m, self.block_n, self.num_stages, self.num_warps, self.head_dim)
+
 
 # Per-block shared memory: sm_80 163 KB, sm_86/sm_89 99 KB.
 _SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024}
+# Residency model of the sm80 family (sm_80 .. sm_90): shared memory the driver reserves per block,
+# registers per SM, and their allocation granularity (per thread, warp-granular units of 256).
+_SMEM_RESERVED_PER_BLOCK = 1024
+_REGS_PER_SM = 65536
+_REG_GRANULE = 8
 
 
 @dataclass(frozen=True)
@@ -82,20 +97,51 @@ def sm80_decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: in
 
 
 def _sm80_tiles(rows: int, arch: Arch) -> tuple[int, int, int, int]:
-    """(block_m, block_n, stages, warps). 99 KB parts take 32-row x 16-token tiles, 3 stages;
-    sm_80 (163 KB) 64 x 32 with 2 stages, or 16 x 32 with 3 stages when there are <= 16 rows."""
+    """(block_m, block_n, stages, warps), d = 576 smem in parentheses.
+    rows <= 16, every arch: 16 x 16, 3 stages, 4 warps, Q in registers (59,392 B: 3 CTAs on a
+    228 KB Hopper SM, 2 on A100, 1 on a 100 KB Ada SM).
+    sm_80 (163 KB): rows <= 32: 32 x 32, 2 stages, 4 warps (115,328 B: 2 CTAs on Hopper);
+    more rows: 64 x 32, 2 stages, 8 warps (156,928 B).
+    sm_86 / sm_89 (99 KB): 32 x 16, 3 stages, 4 warps (98,944 B: 2 CTAs on Hopper)."""
+    if rows <= 16:
+        return (16, 16, 3, 4)
     if arch.name == "sm_80":
-        return (16, 32, 3, 4) if rows <= 16 else (64, 32, 2, 8)
+        return (32, 32, 2, 4) if rows <= 32 else (64, 32, 2, 8)
     return (32, 16, 3, 4)
+
+
+def _sm80_smem_bytes(block_m: int, block_n: int, stages: int, warps: int, head_dim: int) -> int:
+    """Mirror of SplitKVSm80Config::kSmemBytes (splitkv_sm80.cuh): [Q] KV stages, P / xS, reductions."""
+    stage = block_n * head_dim * 2
+    if block_m == 16:   # Q in registers: KV stages + xS (a float4 per lane per n8 tile per warp)
+        return stages * stage + warps * (block_n // 8) * 32 * 16
+    wn = warps // (block_m // 16)
+    s_nt = block_n // wn // 8
+    quads = block_n == 16 and warps == 2 * (block_m // 16)   # kQKSplit 4: a warp publishes 3 blocks
+    p_x = max(block_m * block_n * 2, warps * (3 if quads else 1) * s_nt * 32 * 16)
+    return block_m * head_dim * 2 + stages * stage + p_x + 2 * wn * block_m * 4 + block_m * 4
+
+
+def _sm80_min_blocks(block_m: int) -> int:
+    """SplitKVSm80Config::kMinBlocksPerSm: the __launch_bounds__ minimum blocks per SM."""
+    return 3 if block_m == 16 else 1
 
 
 def ctas_per_sm_for(rows: int, arch: Arch, smem_per_sm: int) -> int:
     """Split-KV CTAs the scheduler plans to keep resident on each SM of a GPU with `smem_per_sm`
     bytes of shared memory per SM, for the kernel tuned for `arch`. The sm90 kernel fills an SM
-    alone; a 99 KB-tuned sm80-family kernel fits twice on a 228 KB Hopper SM."""
+    alone. An sm80-family kernel: what its shared memory (at the largest head dim; + the 1 KB the
+    driver reserves per block) and its registers (at the most ptxas may use under the kernel's
+    __launch_bounds__) both allow; never more than fits, at least 1."""
     if arch.major >= 9:
         return 1
-    return max(1, smem_per_sm // _SMEM_LIMIT[arch.name])
+    block_m, block_n, stages, warps = _sm80_tiles(rows, arch)
+    smem = max(_sm80_smem_bytes(block_m, block_n, stages, warps, d) for d, _ in SUPPORTED_HEAD_DIMS)
+    by_smem = smem_per_sm // (smem + _SMEM_RESERVED_PER_BLOCK)
+    threads = 32 * warps
+    reg_cap = min(255, _REGS_PER_SM // (threads * _sm80_min_blocks(block_m)) // _REG_GRANULE * _REG_GRANULE)
+    by_regs = _REGS_PER_SM // (threads * (-(-reg_cap // _REG_GRANULE) * _REG_GRANULE))
+    return max(1, min(by_smem, by_regs))
 
 
 def block_m_for(rows: int, arch: Arch) -> int:

@@ -177,9 +177,9 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int):
     return splitkv, combine, box
 
 
-def _kv_descriptor(k_cache: torch.Tensor, box: tuple[int, int, int]) -> tma.TmaDescriptor:
+def _kv_descriptor(k_cache: torch.Tensor, key: tuple, box: tuple[int, int, int]) -> tma.TmaDescriptor:
+    """The TMA descriptor of the cache; `key` = (data_ptr, shape, dtype) identifies it."""
     descriptors = registry.get("mla_decode_sm90").descriptors
-    key = (k_cache.data_ptr(), k_cache.shape, k_cache.dtype)
     desc = descriptors.get(key)
     if desc is None:
         if len(descriptors) > 1024:  # callers with ever-new caches: keep the memo bounded
@@ -270,6 +270,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         num_splits.data_ptr(), q_stride[0], q_stride[1], q_stride[2], plan.bt_stride,
         b, s_q, h_q, plan.h_kv, plan.q_per_kv, plan.rows, plan.parts, plan.max_blocks, scale, scale * _LOG2E,
         1 if causal and s_q > 1 else 0)
-    plan.splitkv(stream, params, _kv_descriptor(k_cache, plan.box) if plan.box is not None else k_ptr)
+    kv = k_ptr if plan.box is None else _kv_descriptor(k_cache, (k_ptr, signature[4], signature[6]), plan.box)
+    plan.splitkv(stream, params, kv)
     plan.combine(stream, params)
     return out, lse

@@ -4,24 +4,54 @@
 // lse_accum layouts and direct out/lse write for single-split batches, so the host code, the
 // metadata kernel and the combine kernel are shared. Only sm_80 features: mma.sync m16n8k16
 // (bf16/fp16 in, fp32 accumulate), ldmatrix (x4, .trans for V), cp.async (16 B, .cg, zero-fill)
-// into XOR-swizzled shared memory, __syncthreads. No TMA, no wgmma, no mbarrier, no griddepcontrol.
+// into XOR-swizzled shared memory, __syncthreads and named barriers (bar.sync id, count).
+// No TMA, no wgmma, no mbarrier, no griddepcontrol.
 //
-// Grid (num_sm_parts, h_kv, ceil(rows / BLOCK_M)), block NUM_WARPS * 32 threads, 1 CTA / SM,
-// dynamic smem Cfg::kSmemBytes. The K cache is read through a plain pointer:
+// Grid (num_sm_parts, h_kv, ceil(rows / BLOCK_M)), block NUM_WARPS * 32 threads, dynamic smem
+// Cfg::kSmemBytes; __launch_bounds__(NUM_THREADS, Cfg::kMinBlocksPerSm) keeps the registers of
+// kMinBlocksPerSm CTAs within one SM (configs/decode.py ctas_per_sm_for mirrors this and the
+// shared memory map below). The K cache is read through a plain pointer:
 // k_cache is (num_blocks, PAGE_SIZE, h_kv, HEAD_DIM) contiguous; V = its first HEAD_DIM_V columns.
 //
-// Work split inside the CTA (W = NUM_WARPS, WM = BLOCK_M / 16, WN = W / WM):
-//   S = Q K^T : warp w owns rows [16 (w % WM), +16) x tokens [(w / WM) * BLOCK_N / WN, +BLOCK_N / WN)
-//               of the tile, looping over HEAD_DIM in 32-wide steps (ldmatrix x4 for Q and K);
-//               the row max is exchanged through smem (red_max), P goes to smem (QK sharding).
+// Loads (both variants): thread t copies token t / TPT of the tile (TPT = NUM_THREADS / BLOCK_N
+// threads per token), 16-byte chunks (t % TPT) + TPT * i; it looks up that one token's cache row
+// in the block table one tile ahead. Tokens >= the piece end (or >= L) are zero-filled by cp.async
+// (src-size 0): the block table entry and the cache row behind them are never read, so NaN past L
+// can not reach the output. Q, KV stages and P are XOR-swizzled (16-byte chunk ^= row & 7).
+//
+// Two variants, picked by BLOCK_M:
+//
+// BLOCK_M == 16, "Q in registers" (4 warps). Warp w holds, as mma A fragments in registers, Q's
+// k16 steps {4 j + w}: the QK GEMM is split over HEAD_DIM, each warp computes a partial S of all
+// 16 rows x BLOCK_N tokens over its quarter of d, reading K once per CTA. Partials go to smem
+// (xS); after one barrier every warp sums the four partials in the same order (so all warps hold
+// bit-identical S), masks, runs the online softmax (exp2, scale folded into the log2 domain) and
+// turns P into A fragments in registers; O (16 rows x HEAD_DIM_V / 4 columns per warp) += P V
+// with V through ldmatrix.trans. Per KV tile n (stage n % NUM_STAGES), two CTA barriers:
+//   wait tile n -> bar A -> cp.async tile n + NS - 1 into the stage freed by tile n - 1
+//   -> partial S -> xS -> bar X -> S, mask, softmax, P (registers), O = O * rescale + P V.
+//
+// BLOCK_M in {32, 64}, "Q in shared memory" (W = NUM_WARPS, WM = BLOCK_M / 16, WN = W / WM).
+//   S = Q K^T : d is split over KD = kQKSplit warps (ldmatrix x4 for Q and K), then the partial S
+//               are exchanged through smem (xS) under a named barrier of those KD warps, so that
+//               warp w owns rows [16 wm, +16) x tokens [wn * WARP_N, +WARP_N) of S in full:
+//     pairs (KD 2; w = (rg, wn, kd), kd = w % 2): rows [32 rg, +32) x the tokens of group wn over
+//               chunks 8 j + 4 kd + {0..3}; the pair swaps the row tiles it does not keep,
+//               wm = 2 rg + kd.
+//     quads (KD 4, 16-token tiles; w = (rg, kd), kd = w % 4): rows [32 rg, +32) x all tokens over
+//               chunks 8 j + 2 kd + {0, 1}; reduce-scatter of the 4 blocks (row tile, token half):
+//               block b = kd is warp kd's, wm = 2 rg + (kd & 1), wn = kd >> 1.
+//               The row max is exchanged through smem (red_max), P goes to smem.
 //   O += P V  : warp w owns all BLOCK_M rows x columns [w * HEAD_DIM_V / W, +HEAD_DIM_V / W) of O
 //               in registers (V read once per CTA through ldmatrix.trans, P read from smem).
-// Per KV tile n (stage n % NUM_STAGES), three CTA barriers:
+// Per KV tile n (stage n % NUM_STAGES), three CTA barriers and one group barrier:
 //   wait tile n -> bar A -> cp.async tile n + NS - 1 into the stage freed by tile n - 1
-//   -> S, mask, local row max -> bar B -> online softmax (exp2, scale folded into log2 domain),
+//   -> partial S -> xS -> group barrier -> S, mask, local row max -> bar B -> online softmax,
 //   P -> smem, row rescale -> smem -> bar C -> O = O * rescale + P V.
-// Tokens >= the piece end (or >= L) are zero-filled by cp.async (src-size 0): the block table
-// entry and the cache row behind them are never read, so NaN past L can not reach the output.
+// xS and P share one smem region: xS lives from bar A to bar B, P from bar B to the next bar A.
+//
+// The O rescale (O *= exp2(m_old - m_new)) is skipped when every factor a warp would apply is
+// exactly 1 (the running max did not move): x * 1.0f == x, so the result is bit-identical.
 #pragma once
 
 #include "common.cuh"
@@ -48,13 +78,22 @@ struct SplitKVSm80Config {
   static constexpr int NUM_THREADS = NUM_WARPS * 32;
   static constexpr int SMEM_LIMIT = SMEM_LIMIT_;
 
-  // S = Q K^T warp grid: WM row tiles of 16 x WN token groups of WARP_N.
+  // Variant: Q in registers (one 16-row tile, QK split over d across the 4 warps) or in smem.
+  static constexpr bool kQInRegs = BLOCK_M == 16;
   static constexpr int WM = BLOCK_M / 16;
-  static constexpr int WN = NUM_WARPS / WM;
+  // Q in smem: S is owned by WM row tiles x WN token groups of WARP_N (after the pair exchange).
+  // Q in registers: every warp holds all of S (WN = 1).
+  static constexpr int WN = kQInRegs ? 1 : NUM_WARPS / WM;
   static constexpr int WARP_N = BLOCK_N / WN;
+  static constexpr int S_NT = WARP_N / 8;  // n8 tiles of S per warp
   // O = P V: each warp owns WARP_DV output columns of all BLOCK_M rows.
   static constexpr int WARP_DV = HEAD_DIM_V / NUM_WARPS;
   static constexpr int kORegs = WM * (WARP_DV / 8) * 4;
+  // Q in registers: k16 steps of d per warp (warp w takes steps 4 j + w).
+  static constexpr int kQKSteps = HEAD_DIM / 16 / NUM_WARPS;
+  // Q in smem: QK splits d over kQKSplit warps (2: pairs, 32 rows x WARP_N tokens each; 4: quads,
+  // 32 rows x the whole tile each, used for 16-token tiles where the larger exchange fits).
+  static constexpr int kQKSplit = (!kQInRegs && BLOCK_N == 16 && NUM_WARPS == 2 * WM) ? 4 : 2;
 
   static_assert(cute::is_same_v<Element, cutlass::bfloat16_t> || cute::is_same_v<Element, cutlass::half_t>,
                 "bf16 or fp16");
@@ -63,31 +102,50 @@ struct SplitKVSm80Config {
   static_assert(BLOCK_N % 16 == 0 && 64 % BLOCK_N == 0,
                 "BLOCK_N in {16, 32, 64}: a multiple of the mma k and a divisor of the metadata block (64)");
   static_assert(NUM_STAGES >= 2, "cp.async pipeline needs >= 2 stages");
-  static_assert(NUM_WARPS % WM == 0 && WN >= 1, "warps must cover the row tiles");
-  static_assert(WARP_N % 8 == 0 && WARP_N >= 8, "each warp needs whole n8 tiles of S");
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM_V % 64 == 0 && HEAD_DIM_V <= HEAD_DIM, "dims");
-  static_assert(WARP_DV % 16 == 0 && WARP_DV * NUM_WARPS == HEAD_DIM_V, "ldmatrix.trans covers 16 columns");
+  static_assert(WARP_DV % 64 == 0 && WARP_DV * NUM_WARPS == HEAD_DIM_V,
+                "a warp's V column slice is whole swizzle periods (8 chunks)");
+  static_assert(!kQInRegs || (NUM_WARPS == 4 && HEAD_DIM % 64 == 0),
+                "Q in registers: 4 warps, warp w owns chunks 8 j + 2 w + {0, 1} of d");
+  static_assert(kQInRegs || (WM % 2 == 0 && NUM_WARPS % WM == 0 && WARP_N % 8 == 0 && WARP_N >= 8),
+                "Q in smem: warp pairs cover 32-row groups x whole n8 tiles of S");
+  static_assert(kQKSplit == 2 || NUM_WARPS == 2 * WM, "quads: one group of 4 warps per 32 rows, all tokens");
   static_assert(kORegs <= 128, "O accumulator would not fit the register file (use more warps or a smaller BLOCK_M)");
 
   // 16-byte chunks.
   static constexpr int kRowChunks = HEAD_DIM / 8;          // per Q / KV row
   static constexpr int kPRowChunks = BLOCK_N / 8;          // per P row
-  static constexpr int kTileChunks = BLOCK_N * kRowChunks;
-  static constexpr int kChunksPerThread = (kTileChunks + NUM_THREADS - 1) / NUM_THREADS;
   static constexpr int kQChunks = BLOCK_M * kRowChunks;
+  // KV loads: kThreadsPerToken threads per token, kChunksPerThread chunks each.
+  static constexpr int kThreadsPerToken = NUM_THREADS / BLOCK_N;
+  static constexpr int kChunksPerThread = kRowChunks / kThreadsPerToken;
+  static_assert(NUM_THREADS % BLOCK_N == 0 && kRowChunks % kThreadsPerToken == 0 &&
+                    (kThreadsPerToken % 8 == 0 || 8 % kThreadsPerToken == 0),
+                "every thread copies whole chunks of one token");
 
   // Shared memory map (bytes; every piece 16-byte aligned).
-  static constexpr int kQBytes = BLOCK_M * HEAD_DIM * 2;
+  static constexpr int kQBytes = kQInRegs ? 0 : BLOCK_M * HEAD_DIM * 2;
   static constexpr int kStageBytes = BLOCK_N * HEAD_DIM * 2;
-  static constexpr int kPBytes = BLOCK_M * BLOCK_N * 2;
+  static constexpr int kPBytes = kQInRegs ? 0 : BLOCK_M * BLOCK_N * 2;
+  // xS: one float4 per lane per n8 tile a warp publishes (all BLOCK_N / 8 tiles with Q in registers;
+  // the S_NT tiles of the row tile it gives away in a pair; the 3 blocks of S_NT tiles it does not
+  // own in a quad).
+  static constexpr int kXBytes =
+      NUM_WARPS * (kQInRegs ? BLOCK_N / 8 : (kQKSplit == 4 ? 3 : 1) * S_NT) * 32 * 16;
+  static constexpr int kPXBytes = kPBytes > kXBytes ? kPBytes : kXBytes;  // P and xS share a region
+  static constexpr int kRedBytes = kQInRegs ? 0 : WN * BLOCK_M * 4;
   static constexpr int kOffQ = 0;
   static constexpr int kOffKV = kOffQ + kQBytes;
-  static constexpr int kOffP = kOffKV + NUM_STAGES * kStageBytes;
-  static constexpr int kOffRedMax = kOffP + kPBytes;            // float [WN][BLOCK_M]
-  static constexpr int kOffRedSum = kOffRedMax + WN * BLOCK_M * 4;  // float [WN][BLOCK_M]
-  static constexpr int kOffRowScale = kOffRedSum + WN * BLOCK_M * 4;  // float [BLOCK_M]
-  static constexpr int kSmemBytes = kOffRowScale + BLOCK_M * 4;
+  static constexpr int kOffP = kOffKV + NUM_STAGES * kStageBytes;  // = xS
+  static constexpr int kOffRedMax = kOffP + kPXBytes;              // float [WN][BLOCK_M]
+  static constexpr int kOffRedSum = kOffRedMax + kRedBytes;        // float [WN][BLOCK_M]
+  static constexpr int kOffRowScale = kOffRedSum + kRedBytes;      // float [BLOCK_M]
+  static constexpr int kSmemBytes = kOffRowScale + (kQInRegs ? 0 : BLOCK_M * 4);
   static_assert(kSmemBytes <= SMEM_LIMIT, "shared memory budget of the arch (reduce NUM_STAGES / BLOCK_N / BLOCK_M)");
+
+  // CTAs per SM the register budget must allow (__launch_bounds__ min blocks): 3 for the small
+  // Q-in-registers kernel (<= 168 registers), else 1 (a 128-thread CTA at <= 255 fits twice anyway).
+  static constexpr int kMinBlocksPerSm = kQInRegs ? 3 : 1;
 };
 
 // The two tunings (see scratch notes): A100-class (163 KB smem) and Ada / GA10x (99 KB smem).
@@ -116,6 +174,36 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Barrier of the kSize warps of group `grp` (warps kSize grp .. kSize grp + kSize - 1) on hardware
+// barrier grp + 1 (0 is __syncthreads'). Immediate ids: ptxas then reserves kGroups + 1 barriers per
+// CTA, not all 16 (on sm_90 barriers bound residency: 64 per SM).
+template <int kGroups, int kSize>
+__device__ __forceinline__ void group_barrier_sync(int grp) {
+  static_assert(kGroups >= 1 && kGroups <= 4 && (kSize == 2 || kSize == 4), "group barriers 1 .. 4");
+  constexpr int kThreads = 32 * kSize;
+  if (kGroups == 1 || grp == 0) {
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+  } else if (kGroups == 2 || grp == 1) {
+    asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads) : "memory");
+  } else if (kGroups == 3 || grp == 2) {
+    asm volatile("bar.sync 3, %0;\n" ::"n"(kThreads) : "memory");
+  } else {
+    asm volatile("bar.sync 4, %0;\n" ::"n"(kThreads) : "memory");
+  }
+}
+
+__device__ __forceinline__ void sts_f4(unsigned addr, const float (&v)[4]) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]),
+               "f"(v[3])
+               : "memory");
+}
+__device__ __forceinline__ void lds_f4(float (&v)[4], unsigned addr) {
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+               : "r"(addr)
+               : "memory");
 }
 
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
@@ -169,26 +257,341 @@ __device__ __forceinline__ unsigned swz(int row, int c) {
   }
 }
 
+// KV tile producer, run by every thread: its own WorkCursor walks the CTA's tiles ahead of the
+// consumer; thread t copies chunks (t % TPT) + TPT * i of token t / TPT of each tile. The cache
+// row of that token is looked up one tile ahead (kv_row, -1 = zero-fill) so the block-table
+// latency is off the issue path.
+template <typename Cfg>
+struct KVProducer {
+  using Element = typename Cfg::Element;
+  static constexpr int TPT = Cfg::kThreadsPerToken, CPT = Cfg::kChunksPerThread, RC = Cfg::kRowChunks;
+  static constexpr int D = Cfg::HEAD_DIM, PAGE = Cfg::PAGE_SIZE, NS = Cfg::NUM_STAGES;
+  // Chunk c = q + TPT i: its swizzled low 3 bits take kLow distinct values (i % kLow), its high
+  // bits grow by kHiStep bytes per i / kLow.
+  static constexpr int kLow = TPT >= 8 ? 1 : 8 / TPT;
+  static constexpr unsigned kHiStep = TPT >= 8 ? unsigned(TPT / 8) * 128u : 128u;
+
+  detail::WorkCursor cur;
+  int tok_in_tile, q, kv_row = -1, stage = 0;
+  unsigned dst_off[kLow];
+
+  __device__ __forceinline__ void init(const int* meta, const int* seqlens, const DecodeParams& p, int tid) {
+    tok_in_tile = tid / TPT;
+    q = tid % TPT;
+    const int r7 = tok_in_tile & 7;
+#pragma unroll
+    for (int u = 0; u < kLow; ++u) {
+      const int c = TPT >= 8 ? q : q + TPT * u;  // the chunk of i = u (TPT >= 8: of every i, low bits)
+      dst_off[u] = unsigned(tok_in_tile * RC) * 16u + unsigned(((c & 7) ^ r7) * 16) + unsigned(c >> 3) * 128u;
+    }
+    cur.init(meta, seqlens);
+    if (cur.valid()) fetch_row(p);
+  }
+  __device__ __forceinline__ void fetch_row(const DecodeParams& p) {
+    const int t = cur.tok + tok_in_tile;
+    kv_row = t < cur.stop
+                 ? __ldg(p.block_table + (long long)cur.bi * p.block_table_stride + t / PAGE) * PAGE + t % PAGE
+                 : -1;
+  }
+  // Issues the next tile (if any) into the next stage and commits one group (always: the group
+  // count stays = the tile count).
+  __device__ __forceinline__ void issue(const DecodeParams& p, const Element* k_cache, unsigned sKV, int g,
+                                        const int* seqlens) {
+    if (cur.valid()) {
+      const unsigned dst = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
+      const int kr = kv_row;
+      const Element* src = k_cache + (kr >= 0 ? ((long long)kr * p.h_kv + g) * D : 0LL) + q * 8;
+      const int bytes = kr >= 0 ? 16 : 0;
+#pragma unroll
+      for (int i = 0; i < CPT; ++i)
+        cp_async_16(dst + dst_off[i % kLow] + unsigned(i / kLow) * kHiStep, src + i * TPT * 8, bytes);
+      cur.template advance<Cfg::BLOCK_N>(seqlens);
+      if (cur.valid()) fetch_row(p);
+    }
+    cp_async_commit();
+    stage = stage + 1 == NS ? 0 : stage + 1;
+  }
+};
 
 }  // namespace sm80
 
+// ==================================================================================================
+// BLOCK_M == 16: Q in registers, QK split over d across the 4 warps, P in registers.
+// ==================================================================================================
 template <typename Cfg>
-__device__ __forceinline__ void mla_splitkv_sm80_body(const DecodeParams& p, const typename Cfg::Element* k_cache) {
+__device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, const typename Cfg::Element* k_cache) {
+  using Element = typename Cfg::Element;
+  constexpr int BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V, NS = Cfg::NUM_STAGES, W = Cfg::NUM_WARPS;
+  constexpr int RC = Cfg::kRowChunks, WARP_DV = Cfg::WARP_DV;
+  constexpr int NKS = Cfg::kQKSteps;  // k16 steps of d per warp
+  constexpr int NTB = BN / 8;         // n8 tiles of S (all tokens of the tile)
+  constexpr int O_NT = WARP_DV / 8;   // n8 tiles of O per warp
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const unsigned s_base = sm80::smem_u32(smem);
+  const unsigned sKV = s_base + Cfg::kOffKV;
+  const unsigned sX = s_base + Cfg::kOffP;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int g4 = lane / 4, tq = lane % 4, r7 = lane % 8;
+  const int part = blockIdx.x, g = blockIdx.y, m_block = blockIdx.z;
+
+  const int* meta = p.tile_scheduler_metadata + part * kMetaSize;
+  const int* seqlens = p.cache_seqlens;
+
+  sm80::KVProducer<Cfg> prod;
+  prod.init(meta, seqlens, p, tid);
+#pragma unroll
+  for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens);
+
+  detail::WorkCursor cur;
+  cur.init(meta, seqlens);
+
+  // Q A fragments of k16 steps 4 j + warp (rows g4, g4 + 8; columns 2 tq + {0, 1} (+ 8)).
+  unsigned qf[NKS][4];
+  float o[O_NT][4];
+  auto clear_o = [&]() {
+#pragma unroll
+    for (int nt = 0; nt < O_NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
+  };
+  clear_o();
+  float m_run[2] = {-kInf, -kInf};  // running max of rows g4, g4 + 8, log2 units (scaled)
+  float l_part[2] = {0.f, 0.f};     // partial row sums over this thread's columns
+  int lim[2] = {0, 0};              // first masked token of each row
+
+  // K B fragments (x4: tokens 16 np + {0..7, 8..15} x chunks 8 j + 2 warp + {0, 1}): lane base.
+  const unsigned k_lane = unsigned((8 * (lane / 16) + r7) * RC) * 16u + unsigned(((2 * warp + (lane / 8) % 2) ^ r7) * 16);
+  // V B fragments (x4.trans: tokens 0-15 of a k16 step x 2 n8 tiles), as in the Q-in-smem variant.
+  const int a_chk = lane / 16;
+  // Chunk low bits a_chk + 2u = a_chk ^ 2u, so the swizzled offset is v_x ^ 32u (2 registers, not 4).
+  const unsigned v_base = unsigned((lane % 8) + 8 * ((lane / 8) % 2)) * RC * 16 + unsigned(warp * WARP_DV / 8) * 16;
+  const unsigned v_x = unsigned((a_chk ^ r7) * 16);
+  // xS: float4 [warp][n8 tile][lane].
+  const unsigned x_ld = sX + unsigned(lane) * 16u;
+
+  bool piece_start = true;
+  int stage = 0;
+  while (cur.valid()) {
+    if (piece_start) {
+      // Q of batch cur.bi straight into registers; padded rows are zero.
+      const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)cur.bi * p.q_stride_b;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = m_block * 16 + g4 + 8 * h;
+        if (r < p.rows) {
+          const int s = r / p.q_per_kv;
+          const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+          const unsigned* qrow =
+              reinterpret_cast<const unsigned*>(qb + s * p.q_stride_s + head * p.q_stride_h + 16 * warp + 2 * tq);
+#pragma unroll
+          for (int j = 0; j < NKS; ++j) {
+            qf[j][h] = __ldg(qrow + 32 * j);          // columns 64 j + 16 warp + 2 tq + {0, 1}
+            qf[j][h + 2] = __ldg(qrow + 32 * j + 4);  // + 8
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < NKS; ++j) qf[j][h] = qf[j][h + 2] = 0u;
+        }
+        m_run[h] = -kInf;
+        l_part[h] = 0.f;
+        // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1. Never past the piece.
+        const int lc = p.causal ? cur.L - p.s_q + r / p.q_per_kv + 1 : cur.L;
+        lim[h] = min(lc, cur.stop);
+      }
+      piece_start = false;
+    }
+
+    sm80::cp_async_wait<NS - 2>();  // this thread's copies of tile n landed
+    __syncthreads();                // A: everyone's copies of tile n visible; stage n-1 and xS free
+    prod.issue(p, k_cache, sKV, g, seqlens);  // tile n + NS - 1 -> stage (n - 1) % NS
+
+    const unsigned sK = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
+    const bool last = cur.tok + BN >= cur.stop;
+
+    // ---------------- partial S = Q K^T over this warp's k16 steps, all tokens ----------------
+    float s_acc[NTB][4];
+#pragma unroll
+    for (int nt = 0; nt < NTB; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s_acc[nt][e] = 0.f;
+#pragma unroll
+    for (int j = 0; j < NKS; ++j) {
+#pragma unroll
+      for (int np = 0; np < NTB / 2; ++np) {
+        unsigned b[4];
+        sm80::ldsm_x4(b, sK + k_lane + unsigned(np * 16 * RC * 16 + j * 128));
+        sm80::Mma<Element>::run(s_acc[2 * np], qf[j], b[0], b[1]);
+        sm80::Mma<Element>::run(s_acc[2 * np + 1], qf[j], b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NTB; ++nt) sm80::sts_f4(x_ld + unsigned((warp * NTB + nt) * 32 * 16), s_acc[nt]);
+    __syncthreads();  // X: all partials visible
+
+    // ---------------- S = sum of the 4 partials (same order in every warp), mask ----------------
+#pragma unroll
+    for (int nt = 0; nt < NTB; ++nt) {
+      sm80::lds_f4(s_acc[nt], x_ld + unsigned(nt * 32 * 16));
+#pragma unroll
+      for (int w2 = 1; w2 < W; ++w2) {
+        float v[4];
+        sm80::lds_f4(v, x_ld + unsigned((w2 * NTB + nt) * 32 * 16));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
+      }
+    }
+    if (cur.tok + BN > min(lim[0], lim[1])) {
+#pragma unroll
+      for (int nt = 0; nt < NTB; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = cur.tok + nt * 8 + 2 * tq + (e & 1);
+          if (t >= lim[e >> 1]) s_acc[nt][e] = -kInf;
+        }
+    }
+
+    // ---------------- online softmax (log2 domain), P in registers ----------------
+    float sc[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -kInf;
+#pragma unroll
+      for (int nt = 0; nt < NTB; ++nt) mx = fmaxf(mx, fmaxf(s_acc[nt][2 * h], s_acc[nt][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[h], mx * p.scale_log2);
+      const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
+      sc[h] = exp2f(m_run[h] - m_use);
+      m_run[h] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NTB; ++nt) {
+        const float p0 = exp2f(fmaf(s_acc[nt][2 * h], p.scale_log2, -m_use));
+        const float p1 = exp2f(fmaf(s_acc[nt][2 * h + 1], p.scale_log2, -m_use));
+        sum += p0 + p1;
+        s_acc[nt][2 * h] = p0;
+        s_acc[nt][2 * h + 1] = p1;
+      }
+      l_part[h] = l_part[h] * sc[h] + sum;
+    }
+    // C fragments of n8 tiles 2 kt, 2 kt + 1 = the A fragment of k16 step kt.
+    unsigned pa[BN / 16][4];
+#pragma unroll
+    for (int kt = 0; kt < BN / 16; ++kt) {
+      pa[kt][0] = ElemTraits<Element>::pack2(s_acc[2 * kt][0], s_acc[2 * kt][1]);
+      pa[kt][1] = ElemTraits<Element>::pack2(s_acc[2 * kt][2], s_acc[2 * kt][3]);
+      pa[kt][2] = ElemTraits<Element>::pack2(s_acc[2 * kt + 1][0], s_acc[2 * kt + 1][1]);
+      pa[kt][3] = ElemTraits<Element>::pack2(s_acc[2 * kt + 1][2], s_acc[2 * kt + 1][3]);
+    }
+
+    // ---------------- O = O * rescale + P V (16 rows x WARP_DV columns per warp) ----------------
+    if (__any_sync(0xffffffffu, sc[0] != 1.f || sc[1] != 1.f)) {
+#pragma unroll
+      for (int nt = 0; nt < O_NT; ++nt) {
+        o[nt][0] *= sc[0];
+        o[nt][1] *= sc[0];
+        o[nt][2] *= sc[1];
+        o[nt][3] *= sc[1];
+      }
+    }
+#pragma unroll
+    for (int kt = 0; kt < BN / 16; ++kt) {
+#pragma unroll
+      for (int np = 0; np < O_NT / 2; ++np) {
+        unsigned b[4];
+        // chunk warp * WARP_DV / 8 + 2 np + a_chk: low bits 2 (np % 4) + a_chk, high (np / 4) * 8
+        sm80::ldsm_x4_trans(b, sK + v_base + (v_x ^ unsigned(32 * (np % 4))) + unsigned((np / 4) * 128 + kt * 16 * RC * 16));
+        sm80::Mma<Element>::run(o[2 * np], pa[kt], b[0], b[1]);
+        sm80::Mma<Element>::run(o[2 * np + 1], pa[kt], b[2], b[3]);
+      }
+    }
+
+    // ---------------- epilogue of a piece ----------------
+    if (last) {
+      float l[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        l[h] = l_part[h];
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+      }
+      const int ns0 = p.num_splits[cur.bi];
+      const bool single = (p.num_splits[cur.bi + 1] - ns0) == 1;
+      // meta re-read here (not kept live: registers are tight at 3 CTAs / SM)
+      const int slot = ns0 + (cur.bi == cur.begin_b ? p.tile_scheduler_metadata[part * kMetaSize + kMetaBeginSplit] : 0);
+      const int col_base = warp * WARP_DV + tq * 2;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = m_block * 16 + g4 + 8 * h;
+        if (r >= p.rows) continue;
+        const float inv_l = l[h] > 0.f ? 1.f / l[h] : 0.f;
+        if (single) {
+          const int s = r / p.q_per_kv;
+          const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+          Element* out =
+              reinterpret_cast<Element*>(p.out) + ((long long)(cur.bi * p.s_q + s) * p.h_q + head) * DV + col_base;
+#pragma unroll
+          for (int nt = 0; nt < O_NT; ++nt)
+            *reinterpret_cast<unsigned*>(out + nt * 8) =
+                ElemTraits<Element>::pack2(o[nt][2 * h] * inv_l, o[nt][2 * h + 1] * inv_l);
+        } else {
+          float* out = p.o_accum + (((long long)slot * p.h_kv + g) * p.rows + r) * DV + col_base;
+#pragma unroll
+          for (int nt = 0; nt < O_NT; ++nt)
+            *reinterpret_cast<float2*>(out + nt * 8) = make_float2(o[nt][2 * h] * inv_l, o[nt][2 * h + 1] * inv_l);
+        }
+      }
+      // LSE: one writer per row (warp 0, quad leader); every warp holds the same m_run and l.
+      if (warp == 0 && tq == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = m_block * 16 + g4 + 8 * h;
+          if (r < p.rows) {
+            const float lse2 = l[h] > 0.f ? m_run[h] + log2f(l[h]) : -kInf;
+            if (single) {
+              const int s = r / p.q_per_kv;
+              const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+              p.lse[((long long)cur.bi * p.h_q + head) * p.s_q + s] =
+                  lse2 == -kInf ? kInf : lse2 * 0.69314718055994530942f;
+            } else {
+              p.lse_accum[((long long)slot * p.h_kv + g) * p.rows + r] = lse2;
+            }
+          }
+        }
+      }
+      clear_o();
+      piece_start = true;
+    }
+    stage = stage + 1 == NS ? 0 : stage + 1;
+    cur.template advance<BN>(seqlens);
+  }
+  sm80::cp_async_wait<0>();
+}
+
+// ==================================================================================================
+// BLOCK_M in {32, 64}: Q in shared memory, QK by warp pairs split over d, P through shared memory.
+// ==================================================================================================
+template <typename Cfg>
+__device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, const typename Cfg::Element* k_cache) {
   using Element = typename Cfg::Element;
   using sm80::swz;
-  constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, D = Cfg::HEAD_DIM, DV = Cfg::HEAD_DIM_V;
-  constexpr int NS = Cfg::NUM_STAGES, NT = Cfg::NUM_THREADS, PAGE = Cfg::PAGE_SIZE;
-  constexpr int WM = Cfg::WM, WN = Cfg::WN, WARP_N = Cfg::WARP_N, WARP_DV = Cfg::WARP_DV;
+  constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
+  constexpr int NS = Cfg::NUM_STAGES, NT = Cfg::NUM_THREADS;
+  constexpr int WN = Cfg::WN, WARP_N = Cfg::WARP_N, WARP_DV = Cfg::WARP_DV;
   constexpr int RC = Cfg::kRowChunks, PRC = Cfg::kPRowChunks;
-  constexpr int S_NT = WARP_N / 8;    // n8 tiles of S per warp
+  constexpr int S_NT = Cfg::S_NT;     // n8 tiles of S per warp
   constexpr int O_NT = WARP_DV / 8;   // n8 tiles of O per warp
-  constexpr int MT = WM;              // m16 tiles of O (all rows)
+  constexpr int MT = Cfg::WM;         // m16 tiles of O (all rows)
 
   extern __shared__ __align__(128) unsigned char smem[];
   const unsigned s_base = sm80::smem_u32(smem);
   const unsigned sQ = s_base + Cfg::kOffQ;
   const unsigned sKV = s_base + Cfg::kOffKV;
   const unsigned sP = s_base + Cfg::kOffP;
+  const unsigned sX = s_base + Cfg::kOffP;  // xS shares P's region (disjoint lifetimes, see header)
   unsigned char* p_gen = smem + Cfg::kOffP;
   float* red_max = reinterpret_cast<float*>(smem + Cfg::kOffRedMax);
   float* red_sum = reinterpret_cast<float*>(smem + Cfg::kOffRedSum);
@@ -196,53 +599,25 @@ __device__ __forceinline__ void mla_splitkv_sm80_body(const DecodeParams& p, con
 
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
-  const int wm = warp % WM, wn = warp / WM;
+  // QK roles. Pairs (KD 2): warp w = (rg, wn, kd) computes rows [32 rg, +32) x tokens of group wn
+  // over d half kd and then owns row tile wm = 2 rg + kd. Quads (KD 4): warp w = (rg, kd) computes
+  // rows [32 rg, +32) x all tokens over d quarter kd and then owns block kd: row tile
+  // wm = 2 rg + (kd & 1), token group wn = kd >> 1.
+  constexpr int KD = Cfg::kQKSplit;
+  const int kd = warp % KD;
+  const int rg = KD == 2 ? warp / (2 * WN) : warp / 4;
+  const int wn = KD == 2 ? (warp >> 1) % WN : kd >> 1;
+  const int wm = KD == 2 ? 2 * rg + kd : 2 * rg + (kd & 1);
   const int part = blockIdx.x, g = blockIdx.y, m_block = blockIdx.z;
 
   const int* meta = p.tile_scheduler_metadata + part * kMetaSize;
   const int* seqlens = p.cache_seqlens;
   const int begin_split_local = meta[kMetaBeginSplit];
 
-  // ------------------------------------------------------------------ producer (all threads)
-  // Thread tid copies chunks idx = i * NT + tid of a tile: token idx / RC, column chunk idx % RC.
-  // The cache row of each chunk's token is fetched one tile ahead (kv_row, -1 = zero-fill) so the
-  // block-table latency is off the issue path.
-  detail::WorkCursor prod;
-  prod.init(meta, seqlens);
-  int kv_row[Cfg::kChunksPerThread];
-  auto fetch_rows = [&]() {
-    const int* bt = p.block_table + (long long)prod.bi * p.block_table_stride;
+  sm80::KVProducer<Cfg> prod;
+  prod.init(meta, seqlens, p, tid);
 #pragma unroll
-    for (int i = 0; i < Cfg::kChunksPerThread; ++i) {
-      const int idx = i * NT + tid;
-      const int t = prod.tok + idx / RC;
-      kv_row[i] = (idx < Cfg::kTileChunks && t < prod.stop) ? __ldg(bt + t / PAGE) * PAGE + (t % PAGE) : -1;
-    }
-  };
-  int prod_n = 0;
-  auto issue_tile = [&]() {
-    if (prod.valid()) {
-      const unsigned dst = sKV + (prod_n % NS) * Cfg::kStageBytes;
-#pragma unroll
-      for (int i = 0; i < Cfg::kChunksPerThread; ++i) {
-        const int idx = i * NT + tid;
-        if (Cfg::kTileChunks % NT == 0 || idx < Cfg::kTileChunks) {
-          const int r = idx / RC, c = idx % RC;
-          const int kr = kv_row[i];
-          const Element* src = kr >= 0 ? k_cache + (((long long)kr * p.h_kv + g) * D + c * 8) : k_cache;
-          sm80::cp_async_16(dst + swz<RC>(r, c), src, kr >= 0 ? 16 : 0);
-        }
-      }
-      prod.template advance<BN>(seqlens);
-      if (prod.valid()) fetch_rows();
-    }
-    sm80::cp_async_commit();  // always: keeps the group count = tile count
-    ++prod_n;
-  };
-
-  if (prod.valid()) fetch_rows();
-#pragma unroll
-  for (int s = 0; s < NS - 1; ++s) issue_tile();
+  for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens);
 
   // ------------------------------------------------------------------ consumer state
   detail::WorkCursor cur;
@@ -259,7 +634,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_body(const DecodeParams& p, con
   };
   clear_o();
 
-  // QK-layout rows of this thread: local rows q_row0 and q_row0 + 8.
+  // QK-layout rows of this thread (after the pair exchange): local rows q_row0 and q_row0 + 8.
   const int q_row0 = wm * 16 + lane / 4;
   const int s_col0 = wn * WARP_N + (lane % 4) * 2;  // first S column (tile-local token) of this thread
   float m_run[2] = {-kInf, -kInf};  // running max, log2 units (scaled)
@@ -272,26 +647,30 @@ __device__ __forceinline__ void mla_splitkv_sm80_body(const DecodeParams& p, con
   // unrolled loops then use register + immediate addressing (nothing else is hoisted/kept live).
   const int r7 = lane % 8;
   const int a_chk = lane / 16;
-  // Q A fragment (x4: rows 0-15 of the warp's row tile, chunks c and c + 1).
-  const unsigned q_base = sQ + unsigned(wm * 16 + (lane % 16)) * RC * 16;
-  unsigned q_off[4];  // chunk low bits a_chk + 2u
+  // Q A fragment (x4: rows 0-15 of m16 tile mi of the group's 32 rows, chunks 8 j + 4 kd + 2 u + {0, 1}
+  // for pairs, 8 j + 2 kd + {0, 1} for quads).
+  const unsigned q_base = sQ + unsigned(rg * 32 + (lane % 16)) * RC * 16;
+  unsigned q_off[2];
 #pragma unroll
-  for (int u = 0; u < 4; ++u) q_off[u] = q_base + unsigned(((a_chk + 2 * u) ^ r7) * 16);
-  // K B fragment (x4: 8 tokens x 4 consecutive chunks = k32).
-  const int k_chk = lane / 8;
-  const unsigned k_base = unsigned(wn * WARP_N + r7) * RC * 16;
-  unsigned k_off[2];  // chunk low bits k_chk + 4u
-#pragma unroll
-  for (int u = 0; u < 2; ++u) k_off[u] = k_base + unsigned(((k_chk + 4 * u) ^ r7) * 16);
+  for (int u = 0; u < 2; ++u)
+    q_off[u] = q_base + unsigned((((KD == 2 ? 4 * kd + 2 * u : 2 * kd) + a_chk) ^ r7) * 16);
+  // K B fragment. Pairs: x4 = 8 tokens x chunks 8 j + 4 kd + {0..3} (k32 of one n8 tile). Quads:
+  // x4 = tokens 16 np + {0..7, 8..15} x chunks 8 j + 2 kd + {0, 1} (k16 of two n8 tiles).
+  const unsigned k_off =
+      KD == 2 ? unsigned(wn * WARP_N + r7) * RC * 16 + unsigned(((4 * kd + lane / 8) ^ r7) * 16)
+              : unsigned((8 * (lane / 16) + r7) * RC) * 16u + unsigned(((2 * kd + (lane / 8) % 2) ^ r7) * 16);
   // V B fragment (x4.trans: tokens 0-15 of a k16 step x 2 n8 tiles).
-  static_assert(WARP_DV % 64 == 0, "a warp's V column slice starts on a swizzle period");
   const unsigned v_base = unsigned((lane % 8) + 8 * ((lane / 8) % 2)) * RC * 16 + unsigned(warp * WARP_DV / 8) * 16;
   unsigned v_off[4];  // chunk low bits a_chk + 2u
 #pragma unroll
   for (int u = 0; u < 4; ++u) v_off[u] = v_base + unsigned(((a_chk + 2 * u) ^ r7) * 16);
+  // xS: float4 [warp][slot][n8 tile][lane]. Pairs: one slot, the row tile a warp gives away (read by
+  // warp ^ 1). Quads: slots 0..2 = the blocks b != kd in increasing b (block b is owned by warp kd = b).
+  const unsigned x_st = sX + unsigned(warp * (KD == 4 ? 3 : 1) * S_NT * 32 + lane) * 16u;
+  const unsigned x_ld = sX + unsigned(lane) * 16u;
 
   bool piece_start = true;
-  int n = 0;
+  int stage = 0;
   while (cur.valid()) {
     if (piece_start) {
       // (Re)load Q of batch cur.bi. Safe: every warp finished reading the previous Q (S of the
@@ -325,31 +704,112 @@ __device__ __forceinline__ void mla_splitkv_sm80_body(const DecodeParams& p, con
     }
 
     sm80::cp_async_wait<NS - 2>();  // this thread's copies of tile n landed
-    __syncthreads();                // A: everyone's copies of tile n (and Q) are visible; stage n-1 free
-    issue_tile();                   // tile n + NS - 1 -> stage (n - 1) % NS
+    __syncthreads();                // A: everyone's copies of tile n (and Q) are visible; stage n-1, P free
+    prod.issue(p, k_cache, sKV, g, seqlens);  // tile n + NS - 1 -> stage (n - 1) % NS
 
-    const unsigned sK = sKV + (n % NS) * Cfg::kStageBytes;
+    const unsigned sK = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
     const bool last = cur.tok + BN >= cur.stop;
 
-    // ---------------- S = Q K^T (16 x WARP_N per warp) ----------------
-    float s_acc[S_NT][4];
+    float s_acc[S_NT][4];  // S of row tile wm x token group wn, after the exchange
+    if constexpr (KD == 2) {
+      // ---------------- partial S = Q K^T (32 rows x WARP_N over half of d per warp) ----------------
+      float sp[2][S_NT][4];
 #pragma unroll
-    for (int nt = 0; nt < S_NT; ++nt)
+      for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s_acc[nt][e] = 0.f;
+        for (int nt = 0; nt < S_NT; ++nt)
 #pragma unroll
-    for (int k32 = 0; k32 < D / 32; ++k32) {
-      // chunks k32 * 4 + {0..3}: high bits (k32 / 2) * 8, low bits 4 * (k32 % 2) + ...
-      const unsigned kHi = unsigned(k32 / 2) * 128u;
-      unsigned a0[4], a1[4];
-      sm80::ldsm_x4(a0, q_off[2 * (k32 % 2)] + kHi);
-      sm80::ldsm_x4(a1, q_off[2 * (k32 % 2) + 1] + kHi);
+          for (int e = 0; e < 4; ++e) sp[mi][nt][e] = 0.f;
+#pragma unroll
+      for (int j = 0; j < RC / 8; ++j) {
+        unsigned a[2][2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+          for (int u = 0; u < 2; ++u) sm80::ldsm_x4(a[mi][u], q_off[u] + unsigned(mi * 16 * RC * 16 + j * 128));
+#pragma unroll
+        for (int nt = 0; nt < S_NT; ++nt) {
+          unsigned b[4];
+          sm80::ldsm_x4(b, sK + k_off + unsigned(nt * 8 * RC * 16 + j * 128));
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            sm80::Mma<Element>::run(sp[mi][nt], a[mi][0], b[0], b[1]);
+            sm80::Mma<Element>::run(sp[mi][nt], a[mi][1], b[2], b[3]);
+          }
+        }
+      }
+      // Pair exchange: keep row tile kd, give row tile 1 - kd to warp ^ 1 (selects, not dynamic indexing).
 #pragma unroll
       for (int nt = 0; nt < S_NT; ++nt) {
-        unsigned b[4];
-        sm80::ldsm_x4(b, sK + k_off[k32 % 2] + kHi + unsigned(nt * 8 * RC * 16));
-        sm80::Mma<Element>::run(s_acc[nt], a0, b[0], b[1]);
-        sm80::Mma<Element>::run(s_acc[nt], a1, b[2], b[3]);
+        float give[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          give[e] = kd ? sp[0][nt][e] : sp[1][nt][e];
+          s_acc[nt][e] = kd ? sp[1][nt][e] : sp[0][nt][e];
+        }
+        sm80::sts_f4(x_st + unsigned(nt * 32 * 16), give);
+      }
+      sm80::group_barrier_sync<Cfg::NUM_WARPS / 2, 2>(warp >> 1);
+#pragma unroll
+      for (int nt = 0; nt < S_NT; ++nt) {
+        float v[4];
+        sm80::lds_f4(v, x_ld + unsigned(((warp ^ 1) * S_NT + nt) * 32 * 16));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
+      }
+    } else {
+      // ---------------- partial S = Q K^T (32 rows x BLOCK_N over a quarter of d per warp) ----------------
+      float sp[2][2 * S_NT][4];  // [m16 tile][n8 tile of the whole tile]
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int nt = 0; nt < 2 * S_NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sp[mi][nt][e] = 0.f;
+#pragma unroll
+      for (int j = 0; j < RC / 8; ++j) {
+        unsigned a[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) sm80::ldsm_x4(a[mi], q_off[0] + unsigned(mi * 16 * RC * 16 + j * 128));
+#pragma unroll
+        for (int np = 0; np < S_NT; ++np) {
+          unsigned b[4];
+          sm80::ldsm_x4(b, sK + k_off + unsigned(np * 16 * RC * 16 + j * 128));
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            sm80::Mma<Element>::run(sp[mi][2 * np], a[mi], b[0], b[1]);
+            sm80::Mma<Element>::run(sp[mi][2 * np + 1], a[mi], b[2], b[3]);
+          }
+        }
+      }
+      // Quad reduce-scatter: block b = (row tile b & 1, token group b >> 1) belongs to warp kd = b.
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        if (b == kd) {
+#pragma unroll
+          for (int nt = 0; nt < S_NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s_acc[nt][e] = sp[b & 1][(b >> 1) * S_NT + nt][e];
+        } else {
+          const int slot = b < kd ? b : b - 1;
+#pragma unroll
+          for (int nt = 0; nt < S_NT; ++nt)
+            sm80::sts_f4(x_st + unsigned((slot * S_NT + nt) * 32 * 16), sp[b & 1][(b >> 1) * S_NT + nt]);
+        }
+      }
+      sm80::group_barrier_sync<Cfg::NUM_WARPS / 4, 4>(rg);
+#pragma unroll
+      for (int k2 = 0; k2 < 4; ++k2) {
+        if (k2 != kd) {
+          const int slot = kd < k2 ? kd : kd - 1;  // where warp k2 put block kd
+#pragma unroll
+          for (int nt = 0; nt < S_NT; ++nt) {
+            float v[4];
+            sm80::lds_f4(v, x_ld + unsigned((((4 * rg + k2) * 3 + slot) * S_NT + nt) * 32 * 16));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
+          }
+        }
       }
     }
 
@@ -372,7 +832,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_body(const DecodeParams& p, con
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       if ((lane & 3) == 0) red_max[wn * BM + q_row0 + 8 * h] = mx;
     }
-    __syncthreads();  // B: row maxima of all warps visible
+    __syncthreads();  // B: row maxima of all warps visible; every xS read done (P may overwrite it)
 
     // ---------------- online softmax (log2 domain), P -> smem ----------------
 #pragma unroll
@@ -407,16 +867,26 @@ __device__ __forceinline__ void mla_splitkv_sm80_body(const DecodeParams& p, con
     __syncthreads();  // C: P, row_scale (and red_sum) visible
 
     // ---------------- O = O * row_scale + P V (all rows x WARP_DV columns per warp) ----------------
+    {
+      float scl[MT][2];
+      bool rescale = false;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const float sc0 = row_scale[mt * 16 + lane / 4];
-      const float sc1 = row_scale[mt * 16 + lane / 4 + 8];
+      for (int mt = 0; mt < MT; ++mt) {
+        scl[mt][0] = row_scale[mt * 16 + lane / 4];
+        scl[mt][1] = row_scale[mt * 16 + lane / 4 + 8];
+        rescale |= scl[mt][0] != 1.f || scl[mt][1] != 1.f;
+      }
+      if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-      for (int nt = 0; nt < O_NT; ++nt) {
-        o[mt][nt][0] *= sc0;
-        o[mt][nt][1] *= sc0;
-        o[mt][nt][2] *= sc1;
-        o[mt][nt][3] *= sc1;
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < O_NT; ++nt) {
+            o[mt][nt][0] *= scl[mt][0];
+            o[mt][nt][1] *= scl[mt][0];
+            o[mt][nt][2] *= scl[mt][1];
+            o[mt][nt][3] *= scl[mt][1];
+          }
+        }
       }
     }
 #pragma unroll
@@ -497,10 +967,18 @@ __device__ __forceinline__ void mla_splitkv_sm80_body(const DecodeParams& p, con
       clear_o();
       piece_start = true;
     }
-    ++n;
+    stage = stage + 1 == NS ? 0 : stage + 1;
     cur.template advance<BN>(seqlens);
   }
   sm80::cp_async_wait<0>();
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void mla_splitkv_sm80_body(const DecodeParams& p, const typename Cfg::Element* k_cache) {
+  if constexpr (Cfg::kQInRegs)
+    mla_splitkv_sm80_qregs<Cfg>(p, k_cache);
+  else
+    mla_splitkv_sm80_qsmem<Cfg>(p, k_cache);
 }
 
 }  // namespace decode

@@ -7,16 +7,18 @@
 // lse_accum otherwise), so the host and the combine kernel are unchanged.
 //
 // Schedule per 64-token KV tile n (stage s = n % NUM_STAGES, use k = n / NUM_STAGES):
-//   WG0 (S + softmax): Q[:, :DV] lives in registers for the whole piece (RS wgmma: A from
-//        registers, so the N = 64 S GEMM reads only K from smem; at d = 576 the 64 rope columns
-//        of Q stay in smem and go through an SS wgmma into the same accumulator).
+//   WG0 (S + softmax): Q[:, :496] lives in registers for the whole piece (RS wgmma: A from
+//        registers, so the N = 64 S GEMM reads only K from smem); Q[:, 496:512] and, at d = 576,
+//        the 64 rope columns stay in smem and go through SS wgmmas into the same accumulator.
 //        wait full[s] -> (tail: zero K rows >= L) -> S = Q K^T -> mask + online softmax
-//        -> P (bf16/fp16), row rescale (and 1/l at a piece end) -> smem slot of stage s
-//        -> arrive p_full[s] -> (piece end) lse. WG0 never waits for P V, so S(n+1) and the
-//        softmax of n+1 overlap WG1/WG2's P V of tile n on the tensor cores.
+//        -> P (bf16/fp16) and the per-row O rescale -> smem slots of stage s -> arrive p_full[s]
+//        -> (piece end) lse. At the last tile of a piece P and the rescale are multiplied by 1/l,
+//        so O comes out normalized. WG0 never waits for P V: S(n+1) and the softmax of n+1
+//        overlap WG1/WG2's P V of tile n on the tensor cores.
 //   WG1, WG2 (P V): each owns half of O (64 x DV/2 fp32 in registers).
 //        wait p_full[s] -> O *= rescale -> O += P V[:, half] (SS wgmma, V = the K tile read
-//        through a transposed view) -> arrive pv_done[s] -> (piece end) store O / l.
+//        through a transposed view; scale-d = 0 on a piece's first tile) -> arrive pv_done[s]
+//        -> (piece end) store O.
 //        Thread 128 (WG1) is the TMA producer: after issuing P V(n) (async) it refills the stage
 //        of tile n-1 with tile n-1+NUM_STAGES once pv_done of tile n-1 completed; its block-table
 //        loads and the wait overlap its own warpgroup's wgmma.
@@ -31,17 +33,18 @@
 //   p_full[s]  count 4: lane 0 of each WG0 warp after its P / row_scale / info stores (and
 //              fence.proxy.async, P and the zeroed tail rows are read by wgmma). Waited by WG1/WG2.
 //   pv_done[s] count 8: lane 0 of each WG1/WG2 warp after wgmma.wait of P V(n) and after reading
-//              row_inv_l / info. Waited by the producer before refilling stage s with tile n+NS.
-//   Stage s's P, row_scale[s], row_inv_l[s], info[s] are rewritten only by WG0 for tile n+NS,
-//   after it waited full[s] of n+NS, which the producer issued after pv_done[s] of n: the chain
-//   full <- pv_done protects every per-stage slot, so WG0 needs no "P consumed" barrier.
-//   Named barrier 1 (WG0, 128 threads): piece start (Q rope rewritten only after every warp's
-//   previous S wgmma, and published before the next S), tail zeroing -> S, and S(n) of all four
-//   warps done -> P(n) stored over the rope columns that S(n) reads.
-// Registers: setmaxnreg moves registers from the P V warpgroups (O half = 128 fp32 + state) to
-// WG0 (Q = 128 + S = 32 + state). The three counts must add up to at most the launch allocation
-// (168 x 3 warpgroups: __launch_bounds__(384, 1) -> 168 registers per thread), or
-// setmaxnreg.inc blocks forever.
+//              row_scale / info. Waited by the producer before refilling stage s with tile n+NS.
+//   Stage s's P, row_scale[s], info[s] (and its K/V rows, which WG0 zeroes for a tail tile) are
+//   rewritten only by WG0 for tile n+NS, after it waited full[s] of n+NS, which the producer
+//   issued after pv_done[s] of n: the chain full <- pv_done protects every per-stage slot, so WG0
+//   needs no "P consumed" barrier and never waits for the P V warpgroups.
+//   Named barrier 1 (WG0, 128 threads): piece start (Q's smem part rewritten only after every
+//   warp's previous S wgmma, and published before the next S), tail zeroing -> S, and S(n) of all
+//   four warps done -> P(n) stored over the rope columns that S(n) reads (d = 576).
+// Registers (setmaxnreg; counts must add up to at most the launch allocation, 3 x 168 for
+// __launch_bounds__(384, 1), or setmaxnreg.inc blocks forever): WG0 184 = R0..R23 state, S at
+// R24..R55, Q at R56..R179; WG1/WG2 160 = state + O at R24..R151. ptxas puts wgmma accumulators
+// at R24 and ignores a setmaxnreg below (highest register + 3), which is what bounds both.
 #pragma once
 
 #include "common.cuh"
@@ -62,13 +65,78 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// What the P V warpgroups need to know about a tile besides P and the row scale (WG0 owns the
-// metadata walk). bi / slot / single are meaningful only when last != 0.
+// x through an opaque move: addresses derived from it in a loop are not hoisted out of the
+// enclosing loop (a table of loop-invariant swizzled addresses would cost registers WG0 lacks).
+__device__ __forceinline__ int ws_opaque(int x) {
+  int y;
+  asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// Byte offset of element (r, c) (16-bit elements) in a K-major tile stored as 64-column slabs of
+// rows x 128 B with the 128B swizzle (CuTe's Layout_K_SW128_Atom tiled over the rows, slabs
+// `rows` apart): the 16 B chunk index c/8 within a 128 B row is XORed with r % 8. Used instead of
+// CuTe's swizzled smem tensors for the generic-proxy stores, whose integer pointer swizzling loses
+// the shared address space (64-bit generic stores and address registers).
+template <int kRows>
+__device__ __forceinline__ uint32_t sw128_offset(int r, int c) {
+  return uint32_t((c / 64) * kRows * 128 + r * 128 + ((((c / 8) % 8) ^ (r % 8)) << 4) + (c % 8) * 2);
+}
+// 2^x with the MUFU instruction alone (flushes results below 2^-126 to 0, ~2 ulp): the accurate
+// exp2f adds a denormal-scaling sequence and temporaries per element, and WG0 is register-bound.
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// log2(x) with the MUFU instruction alone (~2^-22 relative error): the accurate log2f's
+// polynomial needs temporaries that spill in the register-bound WG0.
+__device__ __forceinline__ float lg2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// What the P V warpgroups learn about a tile besides P and the row scale (WG0 owns the walk).
 struct WsTileInfo {
-  int last;    // last tile of its piece: O * (1/l) is stored after this tile
-  int bi;      // batch of the piece
-  int slot;    // o_accum / lse_accum slot of the piece
-  int single;  // the batch has a single split: write out / lse directly
+  int last;  // last tile of its piece: O (already divided by l) is stored after this tile
+  int bi;    // batch of the piece (meaningful when last != 0)
+};
+
+// Register-lean cursor for WG0: the walk of WorkCursor (batch bi, tile start tok, piece
+// [start, stop), L = seqlen), but the metadata bounds are re-read when a piece ends instead of
+// living in registers through the loop. Invalid when tok == stop == 0 after the last piece.
+struct WsCursor {
+  int bi, tok, stop, L;
+  __device__ __forceinline__ bool valid() const { return tok < stop; }
+  __device__ __forceinline__ void seek(const int* meta, const int* seqlens, int b) {
+    const int begin_b = meta[kMetaBeginBatch], end_b = meta[kMetaEndBatch];
+    for (bi = b; bi <= end_b; ++bi) {
+      L = max(seqlens[bi], 0);
+      const int start = bi == begin_b ? meta[kMetaBeginToken] : 0;
+      stop = bi == end_b ? min(meta[kMetaEndToken], L) : L;
+      if (start < stop) {
+        tok = start;
+        return;
+      }
+    }
+    tok = stop = 0;
+  }
+  // Returns true when the tile just left was the last one of its piece.
+  template <int BLOCK_N>
+  __device__ __forceinline__ bool advance(const int* meta, const int* seqlens) {
+    tok += BLOCK_N;
+    if (tok < stop) return false;
+    seek(meta, seqlens, bi + 1);
+    return true;
+  }
 };
 
 }  // namespace detail
@@ -85,21 +153,26 @@ struct SplitKVWsConfig {
   static constexpr int NUM_STAGES = NUM_STAGES_;
   static constexpr int NUM_THREADS = 384;
 
-  // Per-thread registers after setmaxnreg: WG0 (Q fragment + S) and the P V warpgroups.
-  // 128 * (kRegsS + 2 * kRegsPV) <= 384 * 168 (the launch allocation).
-  static constexpr int kRegsS = 216;
-  static constexpr int kRegsPV = 144;
+  // Per-thread registers after setmaxnreg: WG0 (Q fragment + S) and the P V warpgroups (O half).
+  // kRegsS + 2 * kRegsPV <= 3 * 168 (the launch allocation); see the header comment.
+  static constexpr int kRegsS = 184;
+  static constexpr int kRegsPV = 160;
   static_assert(kRegsS + 2 * kRegsPV <= 3 * 168 && kRegsS % 8 == 0 && kRegsPV % 8 == 0, "setmaxnreg");
 
   static_assert(BLOCK_M == 64, "one wgmma M tile per warpgroup");
   static_assert(BLOCK_N == 64, "tile = 64 tokens (metadata block_n must match)");
-  static_assert(HEAD_DIM_V == 512, "Q[:, :DV] in registers (128 regs / thread) and two O halves of 256");
+  static_assert(HEAD_DIM_V == 512, "Q[:, :DV - 16] in registers (124 regs / thread), two O halves of 256");
   static_assert(HEAD_DIM == HEAD_DIM_V || HEAD_DIM == HEAD_DIM_V + 64, "rope part: none or 64 columns");
   static_assert(PAGE_SIZE >= 16 && PAGE_SIZE <= 256 && (PAGE_SIZE & (PAGE_SIZE - 1)) == 0, "page");
   static_assert(NUM_STAGES >= 2, "stages");
   static_assert(cute::is_same_v<Element, cutlass::bfloat16_t> || cute::is_same_v<Element, cutlass::half_t>,
                 "bf16 or fp16");
 
+  // Q[:, :kQRegCols] is the register A operand of S: 124 registers. Not all 128 of Q[:, :DV]: the
+  // wgmma accumulator of a warpgroup sits at R24 upwards and ptxas needs its highest register
+  // + 3 <= the setmaxnreg count, so S (32) + Q (124) fit kRegsS = 184 and 128 would not.
+  // Q[:, kQRegCols:DV] (16 columns, SW32 tile) and the rope columns stay in smem (SS wgmma).
+  static constexpr int kQRegCols = HEAD_DIM_V - 16;
   // d > dv: P goes into the rope columns of its stage's K tile; Q's rope part is kept in smem.
   static constexpr bool kPInRope = HEAD_DIM > HEAD_DIM_V;
   // aux: Q rope (BLOCK_M x 64) when kPInRope, else one P tile (BLOCK_M x BLOCK_N) per stage.
@@ -117,6 +190,9 @@ struct SplitKVWsConfig {
   using SmemLayoutK = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_N>, cute::Int<HEAD_DIM>>{}));
   // One 64 x 64 slab: Q rope, K rope, P.
   using SmemLayoutSlab = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<64>, cute::Int<64>>{}));
+  // Q[:, kQRegCols:DV]: 64 x 16, K-major with the 32B swizzle.
+  using SmemLayoutQ16 = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW32_Atom<Element>{},
+                                                     cute::Shape<cute::Int<BLOCK_M>, cute::Int<16>>{}));
   using SmemLayoutVHalf =
       decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_N>, cute::Int<HEAD_DIM_V / 2>>{}));
   // V half seen as the (dv/2, tokens) B operand: MN-major view of the same K-major bytes.
@@ -124,11 +200,11 @@ struct SplitKVWsConfig {
       SmemLayoutVHalf{},
       cute::make_layout(cute::Shape<cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>{}, cute::GenRowMajor{})));
 
-  // S nope part: A = Q[:, :DV] from registers, B = K from smem.
+  // S, register part: A = Q[:, :kQRegCols] from registers, B = K from smem.
   using TiledMmaSRs = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<HEAD_DIM_V>>>()));
-  // S rope part: both operands from smem, same accumulator layout.
+                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<kQRegCols>>>()));
+  // S smem part (Q[:, kQRegCols:DV] and the rope): both operands from smem, same accumulator layout.
   using TiledMmaSSs = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<64>>>()));
@@ -140,8 +216,10 @@ struct SplitKVWsConfig {
   struct SharedStorage {
     alignas(1024) Element kv[NUM_STAGES][BLOCK_N * HEAD_DIM];
     alignas(1024) Element aux[kAuxElems];
-    float row_scale[NUM_STAGES][BLOCK_M];  // exp2(m_old - m_new) of the tile in stage s
-    float row_inv_l[NUM_STAGES][BLOCK_M];  // 1 / l when the tile in stage s ends its piece
+    alignas(256) Element q16[BLOCK_M * 16];  // Q[:, kQRegCols:DV]
+    // O rescale of the tile in stage s: exp2(m_old - m_new), times 1/l at the last tile of a piece
+    // (whose P is scaled by 1/l as well, so the P V warpgroups store O as it is).
+    float row_scale[NUM_STAGES][BLOCK_M];
     detail::WsTileInfo info[NUM_STAGES];
     // TMA producer state, touched by thread 128 only: in smem so that it costs no registers in the
     // (register-bound) P V warpgroup.
@@ -151,8 +229,12 @@ struct SplitKVWsConfig {
     uint64_t p_full[NUM_STAGES];               // WG0 wrote P / row_scale / info (4 warp arrivals)
     uint64_t pv_done[NUM_STAGES];              // WG1 + WG2 finished P V (8 warp arrivals)
   };
-  // +1024: the kernel rounds the dynamic smem base up to the 1024 B swizzle period.
-  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
+  // +1024 where it fits: the kernel rounds the dynamic smem base up to the 1024 B swizzle period.
+  // At d = 576 with 3 stages it does not (sizeof == 227 KB): the kernel then requires the base to
+  // be 1024-aligned (it is: dynamic smem starts right after the 1 KB reserved block when there is
+  // no static smem) and traps otherwise instead of corrupting the swizzle.
+  static constexpr int kSmemSlack = int(sizeof(SharedStorage)) + 1024 <= 227 * 1024 ? 1024 : 0;
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + kSmemSlack;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (reduce NUM_STAGES)");
 
   static constexpr unsigned kTileBytes = BLOCK_N * HEAD_DIM * sizeof(Element);
@@ -169,14 +251,18 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
   constexpr int kBarWG0 = 1;  // named barrier among WG0's 128 threads (0 is __syncthreads')
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  SS& ss = *reinterpret_cast<SS*>((reinterpret_cast<uint64_t>(smem_raw) + 1023ull) & ~1023ull);
+  // Round up to the swizzle period by pointer arithmetic on smem_raw (not through an integer), so
+  // that the compiler keeps the shared address space (32-bit ld/st.shared, not generic 64-bit).
+  unsigned char* smem_base = smem_raw;
+  if constexpr (Cfg::kSmemSlack != 0) {
+    smem_base += (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
+  } else {
+    if (smem_addr(smem_raw) & 1023u) __trap();  // no room to realign (see kSmemSlack)
+  }
+  SS& ss = *reinterpret_cast<SS*>(smem_base);
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  const int tid_wg = tid % 128;
-  const int warp_wg = tid_wg / 32;
-  const int lane = tid % 32;
-  const int part = blockIdx.x, g = blockIdx.y, m_block = blockIdx.z;
   const bool is_producer = tid == 128;
 
   if (tid == 0) {
@@ -193,13 +279,9 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
   // No-op unless launched as a programmatic dependent of the metadata kernel.
   pdl_wait_primary();
 
-  const int* meta = p.tile_scheduler_metadata + part * kMetaSize;
   const int* seqlens = p.cache_seqlens;
-
-  // Accumulator-fragment geometry of a 64 x N wgmma (f32): element i of a thread lives at
-  // row warp*16 + lane/4 + 8*((i/2)%2), column (i/4)*8 + (lane%4)*2 + i%2.
-  const int row0 = warp_wg * 16 + lane / 4;  // local rows row0 and row0 + 8
-  const int col_lane = (lane % 4) * 2;
+  // Recomputed where needed: values that live through a loop cost registers (see kRegsS).
+  auto meta_ptr = [&]() { return p.tile_scheduler_metadata + detail::ws_opaque(blockIdx.x) * kMetaSize; };
 
   // ---------------- TMA producer (thread 128 only; state in smem) ----------------
   // Loads tile prod_n into stage prod_n % NS once every P V warp is done with tile prod_n - NS.
@@ -207,6 +289,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     detail::WorkCursor& prod = ss.prod;
     const int n = ss.prod_n;
     const int stage = n % NS;
+    const int g = blockIdx.y;
     const int* bt = p.block_table + (long long)prod.bi * p.block_table_stride;
     Element* dst = ss.kv[stage];
     // Block-table reads first: their latency overlaps the wait for the stage.
@@ -223,20 +306,18 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       // entries may be garbage, later pages NaN).
       const int valid = min(BN, prod.L - prod.tok);
       const int npages = (valid + Cfg::PAGE_SIZE - 1) / Cfg::PAGE_SIZE;
-      const int page0 = prod.tok / Cfg::PAGE_SIZE;
-      int rows[Cfg::kPagesPerTile];
-#pragma unroll
-      for (int j = 0; j < Cfg::kPagesPerTile; ++j) rows[j] = j < npages ? bt[page0 + j] * Cfg::PAGE_SIZE : 0;
+      const int* pages = bt + prod.tok / Cfg::PAGE_SIZE;
+      // The block-table reads follow the wait here: kept in registers across it, the page rows
+      // spill in this (register-bound) P V warpgroup at small page sizes.
       if (n >= NS) mbarrier_wait(&ss.pv_done[stage], (n / NS - 1) & 1);
       mbarrier_arrive_expect_tx(&ss.full[stage], npages * Cfg::kPageBytes);
+#pragma unroll 1
+      for (int j = 0; j < npages; ++j) {
+        const int row = pages[j] * Cfg::PAGE_SIZE;
 #pragma unroll
-      for (int j = 0; j < Cfg::kPagesPerTile; ++j) {
-        if (j < npages) {
-#pragma unroll
-          for (int c = 0; c < Cfg::kColChunks; ++c)
-            tma_load_3d(dst + c * BN * Cfg::kBoxCols + j * Cfg::kBoxRows * Cfg::kBoxCols, tmap, &ss.full[stage],
-                        c * Cfg::kBoxCols, g, rows[j]);
-        }
+        for (int c = 0; c < Cfg::kColChunks; ++c)
+          tma_load_3d(dst + c * BN * Cfg::kBoxCols + j * Cfg::kBoxRows * Cfg::kBoxCols, tmap, &ss.full[stage],
+                      c * Cfg::kBoxCols, g, row);
       }
     }
     ss.prod_n = n + 1;
@@ -244,7 +325,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
   };
   if (is_producer) {
     ss.prod_n = 0;
-    ss.prod.init(meta, seqlens);
+    ss.prod.init(meta_ptr(), seqlens);
     for (int s = 0; s < NS && ss.prod.valid(); ++s) issue_tile();
   }
   __syncwarp();  // reconverge warp 4 before any .aligned instruction
@@ -253,31 +334,48 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     // =========================== WG0: S = Q K^T, softmax, P ===========================
     detail::setmaxnreg_inc<Cfg::kRegsS>();
 
+    // Thread geometry, recomputed inside the loop from an opaque thread index so that the
+    // compiler does not keep ~10 derived values live through it.
+    // Accumulator (and register-A) fragment of a 64 x N wgmma: element i of a thread lives at
+    // row warp*16 + lane/4 + 8*((i/2)%2), column (i/4)*8 + (lane%4)*2 + i%2.
+    auto row0_of = [](int t) { return (t / 32) * 16 + (t % 32) / 4; };  // t: thread in warpgroup
+    auto col_lane_of = [](int t) { return (t % 4) * 2; };
+
     typename Cfg::TiledMmaSRs mma_rs;
-    auto thr_rs = mma_rs.get_thread_slice(tid_wg);
-    // Q[:, :DV] as the register A operand: (row, col) of every element from an identity tensor
-    // partitioned like A; consecutive elements 2i, 2i+1 are columns c, c+1 of one row.
-    Tensor cQ = make_identity_tensor(Shape<Int<BM>, Int<DV>>{});
-    Tensor tScQ = thr_rs.partition_A(cQ);
-    Tensor tSrQ = make_tensor<Element>(partition_shape_A(mma_rs, Shape<Int<BM>, Int<DV>>{}));
+    // Q[:, :kQRegCols] as the register A operand, fragment ((2,2,2), 1, kQRegCols/16) = 4 x 32-bit
+    // registers per k-step. Register i (elements 2i, 2i+1) holds row row0 + 8*(i&1), columns
+    // 16*(i/4) + col_lane + 8*((i>>1)&1) + {0,1}: the PTX wgmma A-fragment layout (CuTe's
+    // ALayout_64x16; checked against partition_A of an identity tensor on the host,
+    // scratch_ws/host_fragment_check.cpp).
+    static_assert(cute::is_same_v<typename Cfg::TiledMmaSRs::Atom::Traits::ALayout, GMMA::ALayout_64x16>,
+                  "Q register fragment layout");
+    constexpr int kQRegCols = Cfg::kQRegCols;
+    Tensor tSrQ = make_tensor<Element>(partition_shape_A(mma_rs, Shape<Int<BM>, Int<kQRegCols>>{}));
     Tensor tSrQ32 = recast<uint32_t>(tSrQ);
-    static_assert(decltype(size(tSrQ32))::value == BM * DV / 2 / 128, "Q fragment");
+    static_assert(decltype(size(tSrQ32))::value == BM * kQRegCols / 2 / 128, "Q fragment");
     Tensor tSrS = partition_fragment_C(mma_rs, Shape<Int<BM>, Int<BN>>{});
     static_assert(decltype(size(tSrS))::value == BN / 2, "S fragment");
 
-    detail::WorkCursor cur;
-    cur.init(meta, seqlens);
-
+    detail::WsCursor cur;
+    {
+      const int* meta = meta_ptr();
+      cur.seek(meta, seqlens, meta[kMetaBeginBatch]);
+    }
     float m_run[2], l_run[2];  // running max (log2 units, scaled) and per-thread partial sum
-    int lim[2];                // first masked token for each of this thread's rows
-    int stage = 0;
-    uint32_t phase = 0;
+    int n = 0;                 // tile index: stage n % NS, use n / NS
     bool piece_start = true;
     while (cur.valid()) {
+      const int tw = detail::ws_opaque(threadIdx.x % 128);
+      const int row0 = row0_of(tw), col_lane = col_lane_of(tw);
+      const int m_block = blockIdx.z, g = blockIdx.y;
+      const int stage = n % NS;
+      const uint32_t phase = (n / NS) & 1;
+      Element* kv = ss.kv[stage];
+
       if (piece_start) {
         // Every warp's S of the previous piece has completed (wgmma wait) before anyone
-        // rewrites Q's rope part in smem; Q's register part is thread-private.
-        if constexpr (Cfg::kPInRope) named_barrier_sync(kBarWG0, 128);
+        // rewrites Q's smem part; Q's register part is thread-private.
+        named_barrier_sync(kBarWG0, 128);
         const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)cur.bi * p.q_stride_b;
         const Element* qrow[2];
         bool qok[2];
@@ -287,21 +385,33 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
           qok[h] = r < p.rows;  // padded rows are zero: no NaN from garbage
           const int s = r / p.q_per_kv;
           const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
-          qrow[h] = qok[h] ? qb + s * p.q_stride_s + head * p.q_stride_h : qb;
+          qrow[h] = qb + s * p.q_stride_s + head * p.q_stride_h + col_lane;
         }
 #pragma unroll
         for (int i = 0; i < size(tSrQ32); ++i) {
-          const auto rc = tScQ(2 * i);
-          const int h = (get<0>(rc) - row0) >> 3;  // 0 or 1 (folds: the identity row is row0 + 8 * v1)
+          const int h = i & 1, col = 16 * (i / 4) + 8 * ((i >> 1) & 1);
           uint32_t v = 0u;
-          if (qok[h]) v = __ldg(reinterpret_cast<const uint32_t*>(qrow[h] + get<1>(rc)));
+          if (qok[h]) v = __ldg(reinterpret_cast<const uint32_t*>(qrow[h] + col));
           tSrQ32(i) = v;
         }
         warpgroup_fence_operand(tSrQ32);
+        {
+          // Q[:, kQRegCols:DV] -> q16 (64 rows x 2 chunks of 16 B: one chunk per thread), SW32:
+          // chunk index c ^ ((r / 4) % 2) (checked against CuTe in host_fragment_check.cpp).
+          const int lr = tw / 2, c = tw % 2;
+          const int r = m_block * BM + lr;
+          uint4 v = make_uint4(0u, 0u, 0u, 0u);
+          if (r < p.rows) {
+            const int s = r / p.q_per_kv;
+            const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+            v = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + kQRegCols + c * 8));
+          }
+          detail::st_shared_v4(smem_addr(ss.q16) + lr * 32 + ((c ^ ((lr / 4) % 2)) << 4), v);
+        }
         if constexpr (Cfg::kPInRope) {
-          Tensor sQr = make_tensor(make_smem_ptr(ss.aux), typename Cfg::SmemLayoutSlab{});
-#pragma unroll
-          for (int idx = tid_wg; idx < BM * 8; idx += 128) {
+          const uint32_t q_rope = smem_addr(ss.aux);
+#pragma unroll 1
+          for (int idx = tw; idx < BM * 8; idx += 128) {
             const int lr = idx / 8, c = idx % 8;
             const int r = m_block * BM + lr;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
@@ -310,67 +420,77 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
               const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
               v = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + DV + c * 8));
             }
-            *reinterpret_cast<uint4*>(&sQr(lr, c * 8)) = v;
+            detail::st_shared_v4(q_rope + detail::sw128_offset<BM>(lr, c * 8), v);
           }
-          fence_proxy_async_shared();
-          named_barrier_sync(kBarWG0, 128);
         }
+        fence_proxy_async_shared();
+        named_barrier_sync(kBarWG0, 128);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           m_run[h] = -kInf;
           l_run[h] = 0.f;
-          const int r = m_block * BM + row0 + 8 * h;
-          // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1.
-          lim[h] = p.causal ? min(cur.L, cur.L - p.s_q + r / p.q_per_kv + 1) : cur.L;
         }
         piece_start = false;
       }
 
       mbarrier_wait(&ss.full[stage], phase);
-      Element* kv = ss.kv[stage];
-      Tensor sK = make_tensor(make_smem_ptr(kv), typename Cfg::SmemLayoutK{});
       if (cur.tok + BN > cur.L) {
         // Tail tile: rows >= L were not loaded (other pages) or hold data past the sequence
         // end (possibly NaN). Zero them (all columns: WG1/WG2 read the V part) so that neither
         // S nor P V can pick up NaN.
         constexpr int kChunks = D / 8;
         const int v0 = cur.L - cur.tok;
-        for (int idx = tid_wg; idx < (BN - v0) * kChunks; idx += 128) {
+#pragma unroll 1
+        for (int idx = tw; idx < (BN - v0) * kChunks; idx += 128) {
           const int lr = v0 + idx / kChunks, c = idx % kChunks;
-          *reinterpret_cast<uint4*>(&sK(lr, c * 8)) = make_uint4(0u, 0u, 0u, 0u);
+          detail::st_shared_v4(smem_addr(kv) + detail::sw128_offset<BN>(lr, c * 8), make_uint4(0u, 0u, 0u, 0u));
         }
         fence_proxy_async_shared();
         named_barrier_sync(kBarWG0, 128);
       }
 
-      // ---- S = Q K^T: nope part RS (Q from registers), rope part SS ----
-      Tensor tSrK = thr_rs.partition_fragment_B(sK);
-      warpgroup_fence_operand(tSrQ32);
-      warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
-      mma_rs.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-      for (int k = 0; k < size<2>(tSrQ); ++k) {
-        gemm(mma_rs, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
-        mma_rs.accumulate_ = GMMA::ScaleOut::One;
-      }
-      if constexpr (Cfg::kPInRope) {
+      // ---- S = Q K^T: Q[:, :kQRegCols] RS (Q from registers), the rest SS ----
+      {
+        auto thr_rs = mma_rs.get_thread_slice(tw);
         typename Cfg::TiledMmaSSs mma_ss;
-        auto thr_ss = mma_ss.get_thread_slice(tid_wg);
-        Tensor sQr = make_tensor(make_smem_ptr(ss.aux), typename Cfg::SmemLayoutSlab{});
-        Tensor sKr = make_tensor(make_smem_ptr(kv + DV * BN), typename Cfg::SmemLayoutSlab{});
-        Tensor tSrQr = thr_ss.partition_fragment_A(sQr);
-        Tensor tSrKr = thr_ss.partition_fragment_B(sKr);
-        mma_ss.accumulate_ = GMMA::ScaleOut::One;
+        auto thr_ss = mma_ss.get_thread_slice(tw);
+        Tensor sK = make_tensor(make_smem_ptr(kv), typename Cfg::SmemLayoutK{});
+        Tensor tSrK = thr_rs.partition_fragment_B(sK);    // (MMA, 1, D / 16)
+        Tensor tSsK = thr_ss.partition_fragment_B(sK);    // same descriptors, SS atom
+        Tensor sQ16 = make_tensor(make_smem_ptr(ss.q16), typename Cfg::SmemLayoutQ16{});
+        Tensor tSrQ16 = thr_ss.partition_fragment_A(sQ16);  // (MMA, 1, 1)
+        constexpr int kRegK = kQRegCols / 16;
+        warpgroup_fence_operand(tSrQ32);
+        warpgroup_fence_operand(tSrS);
+        warpgroup_arrive();
+        mma_rs.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
-        for (int k = 0; k < size<2>(tSrQr); ++k) gemm(mma_ss, tSrQr(_, _, k), tSrKr(_, _, k), tSrS);
+        for (int k = 0; k < kRegK; ++k) {
+          gemm(mma_rs, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
+          mma_rs.accumulate_ = GMMA::ScaleOut::One;
+        }
+        mma_ss.accumulate_ = GMMA::ScaleOut::One;
+        gemm(mma_ss, tSrQ16(_, _, 0), tSsK(_, _, kRegK), tSrS);
+        if constexpr (Cfg::kPInRope) {
+          Tensor sQr = make_tensor(make_smem_ptr(ss.aux), typename Cfg::SmemLayoutSlab{});
+          Tensor tSrQr = thr_ss.partition_fragment_A(sQr);  // (MMA, 1, 4)
+#pragma unroll
+          for (int k = 0; k < size<2>(tSrQr); ++k) gemm(mma_ss, tSrQr(_, _, k), tSsK(_, _, DV / 16 + k), tSrS);
+        }
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        warpgroup_fence_operand(tSrQ32);
       }
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-      warpgroup_fence_operand(tSrQ32);
 
       // ---- mask (select, so NaN never survives) ----
+      // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1.
+      int lim[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = m_block * BM + row0 + 8 * h;
+        lim[h] = p.causal ? min(cur.L, cur.L - p.s_q + r / p.q_per_kv + 1) : cur.L;
+      }
       if (cur.tok + BN > min(lim[0], lim[1])) {
 #pragma unroll
         for (int i = 0; i < size(tSrS); ++i) {
@@ -389,7 +509,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m_run[h], mx * p.scale_log2);
         const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
-        sc[h] = exp2f(m_run[h] - m_use);
+        sc[h] = detail::ex2_approx(m_run[h] - m_use);
         m_run[h] = m_new;
         float sum = 0.f;
 #pragma unroll
@@ -397,31 +517,25 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = tSrS(j * 4 + h * 2 + e);
-            x = exp2f(fmaf(x, p.scale_log2, -m_use));
+            x = detail::ex2_approx(fmaf(x, p.scale_log2, -m_use));
             sum += x;
           }
         }
         l_run[h] = l_run[h] * sc[h] + sum;
       }
 
+      // ---- piece end: l, lse; P and the O rescale of this tile are scaled by 1/l ----
       const bool last = cur.tok + BN >= cur.stop;
-      float inv_l[2] = {0.f, 0.f}, lse2[2] = {-kInf, -kInf};
+      float pscale[2] = {1.f, 1.f}, lse2[2] = {-kInf, -kInf};
       if (last) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float l = l_run[h];
           l += __shfl_xor_sync(0xffffffffu, l, 1);
           l += __shfl_xor_sync(0xffffffffu, l, 2);
-          inv_l[h] = l > 0.f ? 1.f / l : 0.f;
-          lse2[h] = l > 0.f ? m_run[h] + log2f(l) : -kInf;
+          pscale[h] = l > 0.f ? 1.f / l : 0.f;
+          lse2[h] = l > 0.f ? m_run[h] + detail::lg2_approx(l) : -kInf;
         }
-      }
-      bool single = false;
-      int slot = 0;
-      if (last) {
-        const int ns0 = p.num_splits[cur.bi];
-        single = (p.num_splits[cur.bi + 1] - ns0) == 1;
-        slot = ns0 + (cur.bi == cur.begin_b ? meta[kMetaBeginSplit] : 0);
       }
 
       // ---- hand P(n) to WG1/WG2 through stage s's slots ----
@@ -432,37 +546,40 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       } else {
         pbuf = ss.aux + stage * (BM * BN);
       }
-      Tensor sP = make_tensor(make_smem_ptr(pbuf), typename Cfg::SmemLayoutSlab{});
+      {
+        // Row row0 + 8h, columns 8j + col_lane + {0, 1}: swizzled 16 B chunk j ^ (row0 % 8).
+        const uint32_t prow = smem_addr(pbuf) + row0 * 128 + col_lane * 2;
+        const int rx = row0 % 8;
 #pragma unroll
-      for (int j = 0; j < size(tSrS) / 4; ++j) {
+        for (int j = 0; j < size(tSrS) / 4; ++j) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int i = j * 4 + h * 2;
-          *reinterpret_cast<unsigned*>(&sP(row0 + 8 * h, j * 8 + col_lane)) =
-              ElemTraits<Element>::pack2(tSrS(i), tSrS(i + 1));
+          for (int h = 0; h < 2; ++h) {
+            const int i = j * 4 + h * 2;
+            detail::st_shared_u32(prow + h * 8 * 128 + ((j ^ rx) << 4),
+                                  ElemTraits<Element>::pack2(tSrS(i) * pscale[h], tSrS(i + 1) * pscale[h]));
+          }
         }
       }
-      if ((lane & 3) == 0) {
+      if ((tw & 3) == 0) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          ss.row_scale[stage][row0 + 8 * h] = sc[h];
-          if (last) ss.row_inv_l[stage][row0 + 8 * h] = inv_l[h];
-        }
+        for (int h = 0; h < 2; ++h) ss.row_scale[stage][row0 + 8 * h] = sc[h] * pscale[h];
       }
-      if (tid_wg == 0) {
+      if (tw == 0) {
         detail::WsTileInfo info;
         info.last = last;
         info.bi = cur.bi;
-        info.slot = slot;
-        info.single = single;
         ss.info[stage] = info;
       }
       fence_proxy_async_shared();  // P and the zeroed tail rows are read by wgmma (async proxy)
       __syncwarp();
-      if (lane == 0) mbarrier_arrive(&ss.p_full[stage]);
+      if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[stage]);
 
       if (last) {
-        if ((lane & 3) == 0) {
+        if ((tw & 3) == 0) {
+          const int* meta = meta_ptr();
+          const int ns0 = p.num_splits[cur.bi];
+          const bool single = (p.num_splits[cur.bi + 1] - ns0) == 1;
+          const int slot = ns0 + (cur.bi == meta[kMetaBeginBatch] ? meta[kMetaBeginSplit] : 0);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int r = m_block * BM + row0 + 8 * h;
@@ -480,27 +597,29 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         }
         piece_start = true;
       }
-      if (++stage == NS) {
-        stage = 0;
-        phase ^= 1u;
-      }
-      cur.template advance<BN>(seqlens);
+      ++n;
+      cur.template advance<BN>(meta_ptr(), seqlens);
     }
   } else {
     // ================ WG1 / WG2: O[:, half] += P V[:, half]; thread 128: TMA producer ================
-    detail::setmaxnreg_dec<Cfg::kRegsPV>();
-    const int half = wg - 1;
-
-    // Tiles of this CTA (WG0 owns the walk; the P V warpgroups only need the count).
+    // Tiles of this CTA (WG0 owns the walk; the P V warpgroups only need the count). Counted
+    // before setmaxnreg: registers of the P V loop are scarce (128 of them hold O).
     int num_tiles = 0;
     {
       detail::WorkCursor c;
-      c.init(meta, seqlens);
+      c.init(meta_ptr(), seqlens);
       while (c.valid()) {
         num_tiles += (c.stop - c.tok + BN - 1) / BN;
         c.seek(seqlens, c.bi + 1);
       }
     }
+    __syncwarp();  // setmaxnreg is .aligned
+    detail::setmaxnreg_dec<Cfg::kRegsPV>();
+    const int half = wg - 1;
+    const int tid_wg = tid % 128;
+    const int lane = tid % 32;
+    const int row0 = (tid_wg / 32) * 16 + lane / 4;
+    const int col_lane = (lane % 4) * 2;
 
     typename Cfg::TiledMmaO mma_o;
     auto thr_o = mma_o.get_thread_slice(tid_wg);
@@ -510,6 +629,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
 
     int stage = 0;
     uint32_t phase = 0;
+    bool fresh = true;  // first tile of a piece: the P V wgmma overwrites O (scale-d = 0)
     for (int n = 0; n < num_tiles; ++n) {
       mbarrier_wait(&ss.p_full[stage], phase);
       mbarrier_wait(&ss.full[stage], phase);  // complete already (WG0 waited it): TMA bytes visible
@@ -530,9 +650,14 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       Tensor tOrV = thr_o.partition_fragment_B(sVt);
       warpgroup_fence_operand(tOrO);
       warpgroup_arrive();
-      mma_o.accumulate_ = GMMA::ScaleOut::One;
+      // No explicit clear of O between pieces: a loop-carried select between O and zeros makes
+      // the compiler keep two copies of the 128 accumulator registers.
+      mma_o.accumulate_ = fresh ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
 #pragma unroll
-      for (int k = 0; k < size<2>(tOrP); ++k) gemm(mma_o, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+      for (int k = 0; k < size<2>(tOrP); ++k) {
+        gemm(mma_o, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+        mma_o.accumulate_ = GMMA::ScaleOut::One;
+      }
       warpgroup_commit_batch();
 
       // While P V(n) runs: refill the stage of tile n-1 with tile n-1+NS (waits until WG2 is done
@@ -544,23 +669,22 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       warpgroup_fence_operand(tOrO);
       // Read the rest of stage s's slots before releasing the stage.
       const detail::WsTileInfo info = ss.info[stage];
-      float il0 = 0.f, il1 = 0.f;
-      if (info.last) {
-        il0 = ss.row_inv_l[stage][row0];
-        il1 = ss.row_inv_l[stage][row0 + 8];
-      }
       __syncwarp();
       if (lane == 0) mbarrier_arrive(&ss.pv_done[stage]);
 
       if (info.last) {
         // This warpgroup's half of O for the finished piece (rows < p.rows only).
+        const int m_block = blockIdx.z, g = blockIdx.y;
+        const int* meta = meta_ptr();
+        const int ns0 = p.num_splits[info.bi];
+        const bool single = (p.num_splits[info.bi + 1] - ns0) == 1;
+        const int slot = ns0 + (info.bi == meta[kMetaBeginBatch] ? meta[kMetaBeginSplit] : 0);
         const int col_base = half * (DV / 2) + col_lane;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = m_block * BM + row0 + 8 * h;
           if (r >= p.rows) continue;
-          const float inv_l = h ? il1 : il0;
-          if (info.single) {
+          if (single) {
             const int s = r / p.q_per_kv;
             const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
             Element* o =
@@ -569,20 +693,19 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
             for (int j = 0; j < size(tOrO) / 4; ++j) {
               const int i = j * 4 + h * 2;
               *reinterpret_cast<unsigned*>(o + j * 8) =
-                  ElemTraits<Element>::pack2(tOrO(i) * inv_l, tOrO(i + 1) * inv_l);
+                  ElemTraits<Element>::pack2(tOrO(i), tOrO(i + 1));
             }
           } else {
-            float* o = p.o_accum + (((long long)info.slot * p.h_kv + g) * p.rows + r) * DV + col_base;
+            float* o = p.o_accum + (((long long)slot * p.h_kv + g) * p.rows + r) * DV + col_base;
 #pragma unroll
             for (int j = 0; j < size(tOrO) / 4; ++j) {
               const int i = j * 4 + h * 2;
-              *reinterpret_cast<float2*>(o + j * 8) = make_float2(tOrO(i) * inv_l, tOrO(i + 1) * inv_l);
+              *reinterpret_cast<float2*>(o + j * 8) = make_float2(tOrO(i), tOrO(i + 1));
             }
           }
         }
-#pragma unroll
-        for (int i = 0; i < size(tOrO); ++i) tOrO(i) = 0.f;
       }
+      fresh = info.last;
       if (++stage == NS) {
         stage = 0;
         phase ^= 1u;
