@@ -65,7 +65,7 @@ class DecodeConfig:
     block_m: int
     block_n: int
     num_stages: int
-    schedule: str = "baseline"   # or "ws": S/softmax warpgroup + two PV warpgroups (splitkv_ws.cuh)
+    schedule: str = "ws"   # S/softmax warpgroup + two PV warpgroups (splitkv_ws.cuh); or "baseline" (splitkv.cuh)
 
     @property
     def num_threads(self) -> int:
@@ -79,7 +79,7 @@ def metadata_config() -> MetadataConfig:
 
 @functools.lru_cache(maxsize=None)
 def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
-                  schedule: str = "baseline") -> DecodeConfig:
+                  schedule: str = "ws") -> DecodeConfig:
     # baseline: Q (64 x d) + 2 KV stages (64 x d each) fill Hopper's 227 KB; 3 do not fit at d=576.
     # ws: Q[:, :dv] lives in registers and P in each stage's rope columns (or an 8 KB buffer per
     # stage at d=dv), so 3 stages fit (224 KB at d=576, 216 KB at d=512).

@@ -39,8 +39,9 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("MLA_JIT_LINEINFO", "0", "1: compile with -lineinfo (for profilers and sanitizers).",
            changes_binary=True),
     EnvVar("MLA_JIT_LOCK_TIMEOUT", "900", "Seconds to wait for another process compiling the same kernel."),
-    EnvVar("MLA_JIT_SM90_DECODE_SCHEDULE", "baseline",
-           "sm90 split-KV schedule: baseline, or ws (experimental: one S/softmax warpgroup, two P V warpgroups)."),
+    EnvVar("MLA_JIT_SM90_DECODE_SCHEDULE", "ws",
+           "sm90 split-KV schedule: ws (one S/softmax warpgroup, two P V warpgroups) or baseline (the first "
+           "two-warpgroup kernel, kept for comparison)."),
 ]}
 
 

@@ -9,7 +9,7 @@ import torch
 from ..configs.decode import (SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, accum_rows, block_m_for, ctas_per_sm_for,
                               decode_config, metadata_config, num_sm_parts, sm80_decode_config)
 from ..dtypes import name_of
-from ..errors import InvalidArgumentError, UnsupportedArchError
+from ..errors import InvalidArgumentError
 from ..jit import env, tma
 from ..jit.arch import resolve_for_device
 from ..jit.launch import PTR, TMA_DESC, Blob
@@ -137,6 +137,11 @@ def _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_
         raise InvalidArgumentError("tile_scheduler_metadata", f"shape (num_sm_parts, {_METADATA_SIZE}) "
                                    "from get_mla_metadata", f"shape {tuple(tile_scheduler_metadata.shape)}")
     _int32_vector("num_splits", num_splits, b + 1, device)
+    # The kernels index out and the split-KV partials (one slot per split: at most b + num_sm_parts)
+    # with 32-bit element offsets.
+    if (b + tile_scheduler_metadata.shape[0]) * s_q * h_q * head_dim_v >= 2 ** 31:
+        raise InvalidArgumentError("q", "(batch + num_sm_parts) * s_q * h_q * head_dim_v < 2^31",
+                                   f"shape {tuple(q.shape)} with {tile_scheduler_metadata.shape[0]} sm parts")
     if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)):
         raise InvalidArgumentError("softmax_scale", "a finite float or None", repr(softmax_scale))
 
@@ -158,10 +163,6 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int):
         params, threads, box = (Blob(DECODE_PARAMS.size), TMA_DESC), cfg.num_threads, (min(page_size, cfg.block_n), 1, 64)
     else:
         family = registry.get("mla_decode_sm80")
-        if not family.verified_on_gpu and not env.arch_override():
-            raise UnsupportedArchError(
-                f"the {arch.tuning.name} decode kernels have not been verified on a GPU yet; set "
-                f"MLA_JIT_ARCH={arch.tuning.name} to use them anyway")
         cfg = sm80_decode_config(dtype, d, head_dim_v, page_size, rows, arch.tuning)
         params, threads, box = (Blob(DECODE_PARAMS.size), PTR), cfg.num_threads, None
     smem_key = (cfg, arch, device)

@@ -89,11 +89,16 @@ __device__ __forceinline__ float ex2_approx(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-// log2(x) with the MUFU instruction alone (~2^-22 relative error): the accurate log2f's
-// polynomial needs temporaries that spill in the register-bound WG0.
+// log2(x) and 1/x with the MUFU instructions alone (~2^-22 relative error): the accurate log2f's
+// polynomial and the IEEE division's slow-path call need registers the (register-bound) WG0 lacks.
 __device__ __forceinline__ float lg2_approx(float x) {
   float y;
   asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
@@ -526,15 +531,22 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
 
       // ---- piece end: l, lse; P and the O rescale of this tile are scaled by 1/l ----
       const bool last = cur.tok + BN >= cur.stop;
-      float pscale[2] = {1.f, 1.f}, lse2[2] = {-kInf, -kInf};
+      float lse2[2] = {-kInf, -kInf};
       if (last) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float l = l_run[h];
           l += __shfl_xor_sync(0xffffffffu, l, 1);
           l += __shfl_xor_sync(0xffffffffu, l, 2);
-          pscale[h] = l > 0.f ? 1.f / l : 0.f;
+          const float inv_l = l > 0.f ? detail::rcp_approx(l) : 0.f;
           lse2[h] = l > 0.f ? m_run[h] + detail::lg2_approx(l) : -kInf;
+          // In place (no second copy of P in registers: WG0 has none to spare).
+          sc[h] *= inv_l;
+#pragma unroll
+          for (int j = 0; j < size(tSrS) / 4; ++j) {
+            tSrS(j * 4 + h * 2) *= inv_l;
+            tSrS(j * 4 + h * 2 + 1) *= inv_l;
+          }
         }
       }
 
@@ -556,13 +568,13 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
           for (int h = 0; h < 2; ++h) {
             const int i = j * 4 + h * 2;
             detail::st_shared_u32(prow + h * 8 * 128 + ((j ^ rx) << 4),
-                                  ElemTraits<Element>::pack2(tSrS(i) * pscale[h], tSrS(i + 1) * pscale[h]));
+                                  ElemTraits<Element>::pack2(tSrS(i), tSrS(i + 1)));
           }
         }
       }
       if ((tw & 3) == 0) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) ss.row_scale[stage][row0 + 8 * h] = sc[h] * pscale[h];
+        for (int h = 0; h < 2; ++h) ss.row_scale[stage][row0 + 8 * h] = sc[h];
       }
       if (tw == 0) {
         detail::WsTileInfo info;
@@ -687,8 +699,9 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
           if (single) {
             const int s = r / p.q_per_kv;
             const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
-            Element* o =
-                reinterpret_cast<Element*>(p.out) + ((long long)(info.bi * p.s_q + s) * p.h_q + head) * DV + col_base;
+            // 32-bit element offsets (here and below): < 2^31 for every supported shape (b <= 1024,
+            // s_q * h_q <= 512, dv = 512), and 64-bit index math costs registers this warpgroup lacks.
+            Element* o = reinterpret_cast<Element*>(p.out) + (((info.bi * p.s_q + s) * p.h_q + head) * DV + col_base);
 #pragma unroll
             for (int j = 0; j < size(tOrO) / 4; ++j) {
               const int i = j * 4 + h * 2;
@@ -696,7 +709,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
                   ElemTraits<Element>::pack2(tOrO(i), tOrO(i + 1));
             }
           } else {
-            float* o = p.o_accum + (((long long)slot * p.h_kv + g) * p.rows + r) * DV + col_base;
+            float* o = p.o_accum + (((slot * p.h_kv + g) * p.rows + r) * DV + col_base);
 #pragma unroll
             for (int j = 0; j < size(tOrO) / 4; ++j) {
               const int i = j * 4 + h * 2;
