@@ -118,10 +118,12 @@ def test_sm80_smem_limit_is_enforced_at_compile_time(cache_root):
 
 def test_sm80_residency_model_matches_header(cache_root):
     """ctas_per_sm_for plans CTAs from a Python mirror of SplitKVSm80Config's smem map and min blocks
-    per SM: pin the mirror to the header (static_asserts, front end only) and the plan per GPU."""
+    per SM, and the combine grid from mirrors of combine.cuh's geometry: pin the mirrors to the
+    headers (static_asserts, front end only) and the plan per GPU."""
     import itertools
 
-    from mla_jit.configs.decode import _sm80_min_blocks, _sm80_tiles, ctas_per_sm_for, sm80_decode_config
+    from mla_jit.configs.decode import (COMBINE_ROWS_PER_CTA, COMBINE_THREADS, _sm80_min_blocks, _sm80_tiles,
+                                        ctas_per_sm_for, sm80_decode_config)
     from mla_jit.jit.arch import parse_arch, resolve_for_build
     from mla_jit.jit.build import KernelSource
     checks = []
@@ -132,7 +134,10 @@ def test_sm80_residency_model_matches_header(cache_root):
                f"{cfg.block_n}, {cfg.num_stages}, {cfg.num_warps}, {cfg.smem_limit}>")
         checks.append(f"static_assert({cpp}::kSmemBytes == {cfg.smem_bytes}, \"smem\");\n"
                       f"static_assert({cpp}::kMinBlocksPerSm == {_sm80_min_blocks(cfg.block_m)}, \"min blocks\");")
-    source = ('#include "mla_jit/decode/splitkv_sm80.cuh"\n' + "\n".join(dict.fromkeys(checks))
+    checks.append(f"static_assert(mla_jit::decode::kCombineRowsPerCta == {COMBINE_ROWS_PER_CTA}, \"combine rows\");\n"
+                  f"static_assert(mla_jit::decode::kCombineThreads == {COMBINE_THREADS}, \"combine threads\");")
+    source = ('#include "mla_jit/decode/splitkv_sm80.cuh"\n#include "mla_jit/decode/combine.cuh"\n'
+              + "\n".join(dict.fromkeys(checks))
               + '\nextern "C" __global__ void residency_check() {}\n')
     build(KernelSource("sm80_residency_check", source, ("residency_check",), resolve_for_build("sm_80"), "none"))
     h200, a100, l40 = 233472, 167936, 102400

@@ -9,6 +9,8 @@ from ..jit.arch import Arch
 BLOCK_M = 64           # query rows (s_q * heads per KV head) per CTA tile
 BLOCK_N = 64           # KV tokens per pipeline stage
 FIXED_OVERHEAD_BLOCKS = 5   # scheduler cost of starting a split, in KV blocks
+COMBINE_THREADS = 256       # combine kernel: kCombineThreads (decode/combine.cuh)
+COMBINE_ROWS_PER_CTA = 8    # kCombineRowsPerCta: a warp per query row
 SUPPORTED_HEAD_DIMS = ((576, 512), (512, 512))
 SUPPORTED_PAGE_SIZES = (16, 32, 64, 128, 256)
 

@@ -6,8 +6,9 @@ import math
 
 import torch
 
-from ..configs.decode import (SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, accum_rows, block_m_for, ctas_per_sm_for,
-                              decode_config, metadata_config, num_sm_parts, sm80_decode_config)
+from ..configs.decode import (COMBINE_ROWS_PER_CTA, COMBINE_THREADS, SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES,
+                              accum_rows, block_m_for, ctas_per_sm_for, decode_config, metadata_config,
+                              num_sm_parts, sm80_decode_config)
 from ..dtypes import name_of
 from ..errors import InvalidArgumentError
 from ..jit import env, tma
@@ -174,7 +175,8 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int):
                               (parts, h_kv, -(-rows // cfg.block_m)), (threads, 1, 1), dynamic_smem=smem)
     # Programmatic dependent launch exists from sm_90 on; below, the combine simply follows in stream order.
     combine = family.launcher(cfg, arch, family.COMBINE, device, (Blob(DECODE_PARAMS.size),),
-                              (b, h_kv, -(-rows // 8)), (256, 1, 1), pdl=arch.target.major >= 9)
+                              (b, h_kv, -(-rows // COMBINE_ROWS_PER_CTA)), (COMBINE_THREADS, 1, 1),
+                              pdl=arch.target.major >= 9)
     return splitkv, combine, box
 
 
