@@ -4,13 +4,16 @@ Inputs as FlashMLA's dense decode test: d=576, dv=512, h_kv=1, page 64, randomly
 table, varlen lengths ~ Normal(s_k, s_k/2) clipped at s_q (seed 0), q and k ~ N(0, 0.1^2) clipped
 to [-1, 1]. Time: the whole call (metadata computed once and reused; split-KV + combine), CUDA
 events, L2 flushed before each of 20 iterations, median.
-Usage: python bench/bench_decode.py [--json PATH] [--rows N]
+Usage: python bench/bench_decode.py [--json PATH] [--rows N] [--schedule S] [--arch A] [--against S]
+--against S times the sm90 schedule S too, interleaved call by call with the default one (A B A B),
+and prints the ratio: the way to compare two kernels (clocks drift between runs and machines).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 
@@ -48,19 +51,34 @@ def make_inputs(b, s_q, s_k, h_q, seed=0):
     return q, k_cache, block_table, lens.cuda()
 
 
-def time_call(fn, flush: torch.Tensor, iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    times = []
+def time_interleaved(variants, flush: torch.Tensor, iters: int = 20) -> list[float]:
+    """Median us of each (setup, call) variant, the variants alternating call by call; `setup`
+    (e.g. an env var switch) runs outside the timed window, the L2 is flushed before each call."""
+    for setup, fn in variants:
+        setup()
+        for _ in range(3):
+            fn()
+    times = [[] for _ in variants]
     for _ in range(iters):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+        for k, (setup, fn) in enumerate(variants):
+            setup()
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times[k].append(start.elapsed_time(end) * 1e3)
+    return [statistics.median(t) for t in times]
+
+
+def _schedule_setter(schedule: str | None):
+    def setup():
+        if schedule is None:
+            os.environ.pop("MLA_JIT_SM90_DECODE_SCHEDULE", None)
+        else:
+            os.environ["MLA_JIT_SM90_DECODE_SCHEDULE"] = schedule
+    return setup
 
 
 def host_time_us(fn, calls: int = 200, rounds: int = 10) -> float:
@@ -83,12 +101,16 @@ def main() -> None:
                         "default: the GPU's own")
     parser.add_argument("--schedule", choices=("baseline", "ws"),
                         help="sm90 split-KV schedule (sets MLA_JIT_SM90_DECODE_SCHEDULE)")
+    parser.add_argument("--against", choices=("baseline", "ws"),
+                        help="also time this sm90 schedule, interleaved with the first, and print the ratio")
     args = parser.parse_args()
-    import os
     if args.arch:
         os.environ["MLA_JIT_ARCH"] = args.arch
     if args.schedule:
         os.environ["MLA_JIT_SM90_DECODE_SCHEDULE"] = args.schedule
+    variants = [_schedule_setter(args.schedule or os.environ.get("MLA_JIT_SM90_DECODE_SCHEDULE"))]
+    if args.against:
+        variants.append(_schedule_setter(args.against))
     flush = torch.empty(2 ** 30 // 4 * 2, dtype=torch.float32, device="cuda")  # 2 GB > L2
     results = []
     for b, s_q, s_k, h_q, causal, anchor_us in ANCHOR_ROWS[:args.rows]:
@@ -98,7 +120,8 @@ def main() -> None:
         def call():
             return mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, DV, metadata, num_splits,
                                                   causal=bool(causal))
-        us = time_call(call, flush)
+        us, *against = time_interleaved([(setup, call) for setup in variants], flush)
+        variants[0]()
         mean = lens.float().mean().item()
         flop = b * h_q * s_q * (2 * D * mean + 2 * mean * DV)
         nbytes = b * (s_q * h_q * D * 2 + mean * H_KV * D * 2 + s_q * h_q * DV * 2)
@@ -106,7 +129,7 @@ def main() -> None:
         roofline = max(tflops / MATMUL_TFLOPS, gbps / COPY_GBPS)
         results.append({"b": b, "s_q": s_q, "s_k": s_k, "h_q": h_q, "causal": causal, "us": us,
                         "tflops": tflops, "gbps": gbps, "flashmla_us": anchor_us, "ratio": anchor_us / us,
-                        "roofline_fraction": roofline})
+                        "roofline_fraction": roofline, **({"against_us": against[0]} if against else {})})
         del q, k_cache, block_table
         torch.cuda.empty_cache()
 
@@ -123,12 +146,14 @@ def main() -> None:
             json.dump(report, f, indent=1)
     report["arch"] = (args.arch or "native") + (f", {args.schedule}" if args.schedule else "")
     print(f"\n== dense MLA decode vs FlashMLA ({report['gpu']}, kernels: {report['arch']}) ==")
+    against_hdr = f" {args.against + ' us':>11} {'ratio':>6}" if args.against else ""
     print(f"{'b':>4} {'sq':>2} {'sk':>6} {'hq':>4} {'c':>1} {'us':>8} {'TFLOPS':>7} {'GB/s':>6} "
-          f"{'FlashMLA':>8} {'ratio':>6} {'roof':>5}")
+          f"{'FlashMLA':>8} {'ratio':>6} {'roof':>5}" + against_hdr)
     for r in results:
+        extra = f" {r['against_us']:11.1f} {r['against_us'] / r['us']:6.3f}" if args.against else ""
         print(f"{r['b']:>4} {r['s_q']:>2} {r['s_k']:>6} {r['h_q']:>4} {r['causal']:>1} {r['us']:8.1f} "
               f"{r['tflops']:7.0f} {r['gbps']:6.0f} {r['flashmla_us']:8.1f} {r['ratio']:6.2f} "
-              f"{r['roofline_fraction']:5.2f}")
+              f"{r['roofline_fraction']:5.2f}" + extra)
     print(f"host time per warm call: decode {host['decode_call_us']:.1f} us, metadata {host['metadata_call_us']:.1f} us")
 
 

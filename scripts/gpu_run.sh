@@ -46,11 +46,10 @@ if [ -z "${SKIP_JIT_BENCH:-}" ]; then
   python3 bench/bench_jit.py --json "$OUT/bench_jit.json" 2>&1 | tee "$OUT/bench_jit.log" | tail -n 12
 fi
 if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
-  python3 bench/bench_decode.py --json "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.log" | tail -n 40
+  # BENCH_AGAINST=baseline: the baseline schedule timed too, interleaved call by call, with ratios.
+  python3 bench/bench_decode.py ${BENCH_AGAINST:+--against "$BENCH_AGAINST"} --json "$OUT/bench_decode.json" 2>&1 \
+    | tee "$OUT/bench_decode.log" | tail -n 40
   PYTHONPATH=$PWD/bench:$PYTHONPATH python3 bench/profile_host.py 2>&1 | tee "$OUT/profile_host.log"
-  if [ -n "${BENCH_BASELINE:-}" ]; then
-    python3 bench/bench_decode.py --schedule baseline --json "$OUT/bench_decode_baseline.json" 2>&1 | tail -n 26
-  fi
   for arch in ${BENCH_ARCHS:-}; do  # e.g. BENCH_ARCHS="sm_80 sm_89": the Ampere/Ada family on this GPU
     python3 bench/bench_decode.py --arch "$arch" --json "$OUT/bench_decode_$arch.json" 2>&1 | tail -n 26
   done
