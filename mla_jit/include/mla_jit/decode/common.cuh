@@ -49,6 +49,32 @@ enum : int {
   kMetaBeginSplit = 4, kMetaSize = 8
 };
 
+// Where a finished piece of batch bi goes: out / lse when the batch has a single split, else split
+// slot num_splits[bi] + local of o_accum / lse_accum (local: the CTA's first split index in its
+// first batch, 0 otherwise).
+struct PieceDest {
+  bool single;
+  int slot;
+};
+__device__ __forceinline__ PieceDest piece_dest(const DecodeParams& p, int bi, int local) {
+  const int ns0 = p.num_splits[bi];
+  return {(p.num_splits[bi + 1] - ns0) == 1, ns0 + local};
+}
+
+// LSE of query row r (KV head g) of a finished piece of batch bi, given in log2 units (-inf: the
+// row saw no key): the natural log into lse (+inf for no key) when the batch has a single split,
+// else the log2 partial into lse_accum for the combine kernel.
+__device__ __forceinline__ void store_piece_lse(const DecodeParams& p, PieceDest dest, int bi, int g, int r,
+                                                float lse2) {
+  if (dest.single) {
+    const int s = r / p.q_per_kv;
+    const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+    p.lse[((long long)bi * p.h_q + head) * p.s_q + s] = lse2 == -kInf ? kInf : lse2 * 0.69314718055994530942f;
+  } else {
+    p.lse_accum[((long long)dest.slot * p.h_kv + g) * p.rows + r] = lse2;
+  }
+}
+
 namespace detail {
 
 // Cursor over the tiles of one CTA's work range (the scheduler metadata walk shared by the

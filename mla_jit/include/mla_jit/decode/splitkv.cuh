@@ -225,11 +225,6 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
       }
     }
   };
-  auto piece_info = [&](bool& single, int& slot) {
-    const int ns0 = p.num_splits[cur.bi];
-    single = (p.num_splits[cur.bi + 1] - ns0) == 1;
-    slot = ns0 + (cur.bi == cur.begin_b ? begin_split_local : 0);
-  };
 
   clear_o();
   int n = 0;  // consumer tile index
@@ -384,24 +379,13 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
       if (lane == 0) mbarrier_arrive(&ss.pv_done);
 
       if (last) {
-        bool single;
-        int slot;
-        piece_info(single, slot);
-        store_o(inv_l[0], inv_l[1], single, slot);
+        const PieceDest dest = piece_dest(p, cur.bi, cur.bi == cur.begin_b ? begin_split_local : 0);
+        store_o(inv_l[0], inv_l[1], dest.single, dest.slot);
         if ((lane & 3) == 0) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int r = m_block * BM + row0 + 8 * h;
-            if (r < p.rows) {
-              if (single) {
-                const int s = r / p.q_per_kv;
-                const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
-                p.lse[((long long)cur.bi * p.h_q + head) * p.s_q + s] =
-                    lse2[h] == -kInf ? kInf : lse2[h] * 0.69314718055994530942f;
-              } else {
-                p.lse_accum[((long long)slot * p.h_kv + g) * p.rows + r] = lse2[h];
-              }
-            }
+            if (r < p.rows) store_piece_lse(p, dest, cur.bi, g, r, lse2[h]);
           }
         }
         clear_o();
@@ -430,10 +414,8 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
       if (is_producer && prod.valid()) issue_tile();
       __syncwarp();  // lane 0 of warp 4 may have diverged into the producer path
       if (last) {
-        bool single;
-        int slot;
-        piece_info(single, slot);
-        store_o(il0, il1, single, slot);
+        const PieceDest dest = piece_dest(p, cur.bi, cur.bi == cur.begin_b ? begin_split_local : 0);
+        store_o(il0, il1, dest.single, dest.slot);
         clear_o();
       }
       ++n;

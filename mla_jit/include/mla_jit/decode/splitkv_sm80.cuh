@@ -518,10 +518,11 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
       }
-      const int ns0 = p.num_splits[cur.bi];
-      const bool single = (p.num_splits[cur.bi + 1] - ns0) == 1;
       // meta re-read here (not kept live: registers are tight at 3 CTAs / SM)
-      const int slot = ns0 + (cur.bi == cur.begin_b ? p.tile_scheduler_metadata[part * kMetaSize + kMetaBeginSplit] : 0);
+      const PieceDest dest = piece_dest(
+          p, cur.bi, cur.bi == cur.begin_b ? p.tile_scheduler_metadata[part * kMetaSize + kMetaBeginSplit] : 0);
+      const bool single = dest.single;
+      const int slot = dest.slot;
       const int col_base = warp * WARP_DV + tq * 2;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -550,15 +551,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
         for (int h = 0; h < 2; ++h) {
           const int r = m_block * 16 + g4 + 8 * h;
           if (r < p.rows) {
-            const float lse2 = l[h] > 0.f ? m_run[h] + log2f(l[h]) : -kInf;
-            if (single) {
-              const int s = r / p.q_per_kv;
-              const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
-              p.lse[((long long)cur.bi * p.h_q + head) * p.s_q + s] =
-                  lse2 == -kInf ? kInf : lse2 * 0.69314718055994530942f;
-            } else {
-              p.lse_accum[((long long)slot * p.h_kv + g) * p.rows + r] = lse2;
-            }
+            store_piece_lse(p, dest, cur.bi, g, r, l[h] > 0.f ? m_run[h] + log2f(l[h]) : -kInf);
           }
         }
       }
@@ -909,9 +902,9 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
 
     // ---------------- epilogue of a piece ----------------
     if (last) {
-      const int ns0 = p.num_splits[cur.bi];
-      const bool single = (p.num_splits[cur.bi + 1] - ns0) == 1;
-      const int slot = ns0 + (cur.bi == cur.begin_b ? begin_split_local : 0);
+      const PieceDest dest = piece_dest(p, cur.bi, cur.bi == cur.begin_b ? begin_split_local : 0);
+      const bool single = dest.single;
+      const int slot = dest.slot;
       const int col_base = warp * WARP_DV + (lane % 4) * 2;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -952,15 +945,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
             float l = red_sum[lr];
 #pragma unroll
             for (int j = 1; j < WN; ++j) l += red_sum[j * BM + lr];
-            const float lse2 = l > 0.f ? m_run[h] + log2f(l) : -kInf;
-            if (single) {
-              const int s = r / p.q_per_kv;
-              const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
-              p.lse[((long long)cur.bi * p.h_q + head) * p.s_q + s] =
-                  lse2 == -kInf ? kInf : lse2 * 0.69314718055994530942f;
-            } else {
-              p.lse_accum[((long long)slot * p.h_kv + g) * p.rows + r] = lse2;
-            }
+            store_piece_lse(p, dest, cur.bi, g, r, l > 0.f ? m_run[h] + log2f(l) : -kInf);
           }
         }
       }

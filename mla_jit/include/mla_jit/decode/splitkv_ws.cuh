@@ -589,22 +589,12 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       if (last) {
         if ((tw & 3) == 0) {
           const int* meta = meta_ptr();
-          const int ns0 = p.num_splits[cur.bi];
-          const bool single = (p.num_splits[cur.bi + 1] - ns0) == 1;
-          const int slot = ns0 + (cur.bi == meta[kMetaBeginBatch] ? meta[kMetaBeginSplit] : 0);
+          const PieceDest dest =
+              piece_dest(p, cur.bi, cur.bi == meta[kMetaBeginBatch] ? meta[kMetaBeginSplit] : 0);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int r = m_block * BM + row0 + 8 * h;
-            if (r < p.rows) {
-              if (single) {
-                const int s = r / p.q_per_kv;
-                const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
-                p.lse[((long long)cur.bi * p.h_q + head) * p.s_q + s] =
-                    lse2[h] == -kInf ? kInf : lse2[h] * 0.69314718055994530942f;
-              } else {
-                p.lse_accum[((long long)slot * p.h_kv + g) * p.rows + r] = lse2[h];
-              }
-            }
+            if (r < p.rows) store_piece_lse(p, dest, cur.bi, g, r, lse2[h]);
           }
         }
         piece_start = true;
@@ -688,9 +678,9 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         // This warpgroup's half of O for the finished piece (rows < p.rows only).
         const int m_block = blockIdx.z, g = blockIdx.y;
         const int* meta = meta_ptr();
-        const int ns0 = p.num_splits[info.bi];
-        const bool single = (p.num_splits[info.bi + 1] - ns0) == 1;
-        const int slot = ns0 + (info.bi == meta[kMetaBeginBatch] ? meta[kMetaBeginSplit] : 0);
+        const PieceDest dest = piece_dest(p, info.bi, info.bi == meta[kMetaBeginBatch] ? meta[kMetaBeginSplit] : 0);
+        const bool single = dest.single;
+        const int slot = dest.slot;
         const int col_base = half * (DV / 2) + col_lane;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
