@@ -196,3 +196,12 @@ def test_detected_ampere_or_ada_gets_the_sm80_family_without_override(monkeypatc
     _, _, box = op._decode_plan(q, torch.zeros(1, 64, 1, 576, dtype=torch.bfloat16), 512, parts=1)
     assert box is None and calls[0][0][2] == family.SPLITKV
     assert calls[1][1]["pdl"] is False  # no programmatic dependent launch below sm_90
+
+
+def test_batch_limit_of_32_bit_output_offsets():
+    import mla_jit
+    from mla_jit.ops.decode import _check_output_offsets
+    _check_output_offsets((8000, 4, 128, 576), 132, 512)         # (8000 + 132) * 4 * 128 * 512 < 2^31
+    _check_output_offsets((200_000, 1, 16, 576), 132, 512)       # fewer heads: larger batches
+    with pytest.raises(mla_jit.InvalidArgumentError, match="q"):
+        _check_output_offsets((8192, 4, 128, 576), 132, 512)

@@ -138,13 +138,18 @@ def _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_
         raise InvalidArgumentError("tile_scheduler_metadata", f"shape (num_sm_parts, {_METADATA_SIZE}) "
                                    "from get_mla_metadata", f"shape {tuple(tile_scheduler_metadata.shape)}")
     _int32_vector("num_splits", num_splits, b + 1, device)
-    # The kernels index out and the split-KV partials (one slot per split: at most b + num_sm_parts)
-    # with 32-bit element offsets.
-    if (b + tile_scheduler_metadata.shape[0]) * s_q * h_q * head_dim_v >= 2 ** 31:
-        raise InvalidArgumentError("q", "(batch + num_sm_parts) * s_q * h_q * head_dim_v < 2^31",
-                                   f"shape {tuple(q.shape)} with {tile_scheduler_metadata.shape[0]} sm parts")
+    _check_output_offsets(q.shape, tile_scheduler_metadata.shape[0], head_dim_v)
     if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)):
         raise InvalidArgumentError("softmax_scale", "a finite float or None", repr(softmax_scale))
+
+
+def _check_output_offsets(q_shape, num_sm_parts: int, head_dim_v: int) -> None:
+    """The kernels index out and the split-KV partials (one slot per split: at most
+    b + num_sm_parts) with 32-bit element offsets."""
+    b, s_q, h_q = q_shape[0], q_shape[1], q_shape[2]
+    if (b + num_sm_parts) * s_q * h_q * head_dim_v >= 2 ** 31:
+        raise InvalidArgumentError("q", "(batch + num_sm_parts) * s_q * h_q * head_dim_v < 2^31",
+                                   f"shape {tuple(q_shape)} with {num_sm_parts} sm parts")
 
 
 def _decode_plan(q, k_cache, head_dim_v: int, parts: int):
