@@ -313,6 +313,28 @@ struct KVProducer {
   }
 };
 
+// Row r of a finished piece's O (this thread's O_NT n8 tiles; row half h of the m16 fragment `o`,
+// columns col_base + 8 nt + {0, 1}), scaled by inv_l: into out when the batch has a single split,
+// else into the piece's o_accum slot.
+template <typename Element, int DV, int O_NT>
+__device__ __forceinline__ void store_o_row(const DecodeParams& p, PieceDest dest, int bi, int g, int r, int col_base,
+                                            const float (&o)[O_NT][4], int h, float inv_l) {
+  if (dest.single) {
+    const int s = r / p.q_per_kv;
+    const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+    Element* out = reinterpret_cast<Element*>(p.out) + ((long long)(bi * p.s_q + s) * p.h_q + head) * DV + col_base;
+#pragma unroll
+    for (int nt = 0; nt < O_NT; ++nt)
+      *reinterpret_cast<unsigned*>(out + nt * 8) =
+          ElemTraits<Element>::pack2(o[nt][2 * h] * inv_l, o[nt][2 * h + 1] * inv_l);
+  } else {
+    float* out = p.o_accum + (((long long)dest.slot * p.h_kv + g) * p.rows + r) * DV + col_base;
+#pragma unroll
+    for (int nt = 0; nt < O_NT; ++nt)
+      *reinterpret_cast<float2*>(out + nt * 8) = make_float2(o[nt][2 * h] * inv_l, o[nt][2 * h + 1] * inv_l);
+  }
+}
+
 }  // namespace sm80
 
 // ==================================================================================================
@@ -521,29 +543,12 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
       // meta re-read here (not kept live: registers are tight at 3 CTAs / SM)
       const PieceDest dest = piece_dest(
           p, cur.bi, cur.bi == cur.begin_b ? p.tile_scheduler_metadata[part * kMetaSize + kMetaBeginSplit] : 0);
-      const bool single = dest.single;
-      const int slot = dest.slot;
       const int col_base = warp * WARP_DV + tq * 2;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = m_block * 16 + g4 + 8 * h;
         if (r >= p.rows) continue;
-        const float inv_l = l[h] > 0.f ? 1.f / l[h] : 0.f;
-        if (single) {
-          const int s = r / p.q_per_kv;
-          const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
-          Element* out =
-              reinterpret_cast<Element*>(p.out) + ((long long)(cur.bi * p.s_q + s) * p.h_q + head) * DV + col_base;
-#pragma unroll
-          for (int nt = 0; nt < O_NT; ++nt)
-            *reinterpret_cast<unsigned*>(out + nt * 8) =
-                ElemTraits<Element>::pack2(o[nt][2 * h] * inv_l, o[nt][2 * h + 1] * inv_l);
-        } else {
-          float* out = p.o_accum + (((long long)slot * p.h_kv + g) * p.rows + r) * DV + col_base;
-#pragma unroll
-          for (int nt = 0; nt < O_NT; ++nt)
-            *reinterpret_cast<float2*>(out + nt * 8) = make_float2(o[nt][2 * h] * inv_l, o[nt][2 * h + 1] * inv_l);
-        }
+        sm80::store_o_row<Element, DV>(p, dest, cur.bi, g, r, col_base, o, h, l[h] > 0.f ? 1.f / l[h] : 0.f);
       }
       // LSE: one writer per row (warp 0, quad leader); every warp holds the same m_run and l.
       if (warp == 0 && tq == 0) {
@@ -903,8 +908,6 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
     // ---------------- epilogue of a piece ----------------
     if (last) {
       const PieceDest dest = piece_dest(p, cur.bi, cur.bi == cur.begin_b ? begin_split_local : 0);
-      const bool single = dest.single;
-      const int slot = dest.slot;
       const int col_base = warp * WARP_DV + (lane % 4) * 2;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -916,23 +919,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
           float l = red_sum[lr];
 #pragma unroll
           for (int j = 1; j < WN; ++j) l += red_sum[j * BM + lr];
-          const float inv_l = l > 0.f ? 1.f / l : 0.f;
-          if (single) {
-            const int s = r / p.q_per_kv;
-            const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
-            Element* out =
-                reinterpret_cast<Element*>(p.out) + ((long long)(cur.bi * p.s_q + s) * p.h_q + head) * DV + col_base;
-#pragma unroll
-            for (int nt = 0; nt < O_NT; ++nt)
-              *reinterpret_cast<unsigned*>(out + nt * 8) =
-                  ElemTraits<Element>::pack2(o[mt][nt][2 * h] * inv_l, o[mt][nt][2 * h + 1] * inv_l);
-          } else {
-            float* out = p.o_accum + (((long long)slot * p.h_kv + g) * p.rows + r) * DV + col_base;
-#pragma unroll
-            for (int nt = 0; nt < O_NT; ++nt)
-              *reinterpret_cast<float2*>(out + nt * 8) =
-                  make_float2(o[mt][nt][2 * h] * inv_l, o[mt][nt][2 * h + 1] * inv_l);
-          }
+          sm80::store_o_row<Element, DV>(p, dest, cur.bi, g, r, col_base, o[mt], h, l > 0.f ? 1.f / l : 0.f);
         }
       }
       // LSE: one writer per row (QK layout, wn == 0, quad leader), which holds m_run of the row.
