@@ -39,10 +39,13 @@ kv_desc = dec._kv_descriptor(k_cache, (k_cache.data_ptr(), k_cache.shape, k_cach
 out = torch.empty((1, 1, 16, 512), dtype=torch.bfloat16, device=dev)
 lse = torch.empty((1, 16, 1), dtype=torch.float32, device=dev)
 scratch = workspace.float32_scratch(0, dec.current_stream(0), plan.accum_elems, q).data_ptr()
+counters = (workspace.zeroed_int32_counters(0, dec.current_stream(0), plan.counter_elems, q).data_ptr()
+            if plan.counter_elems else 0)
 params = dec.DECODE_PARAMS.pack(q.data_ptr(), out.data_ptr(), lse.data_ptr(), scratch, scratch + 4 * plan.o_accum_elems,
                                 block_table.data_ptr(), lens.data_ptr(), meta.data_ptr(), splits.data_ptr(),
                                 *q.stride()[:3], plan.bt_stride, 1, 1, 16, plan.h_kv, plan.q_per_kv, plan.rows,
-                                plan.parts, plan.max_blocks, plan.default_scale, plan.default_scale * 1.4426950408889634, 0)
+                                plan.parts, plan.max_blocks, plan.default_scale, plan.default_scale * 1.4426950408889634, 0,
+                                counters)
 rows = {
     "whole decode call": lambda: mla_jit.flash_mla_with_kvcache(*args),
     "whole metadata call": lambda: mla_jit.get_mla_metadata(lens, 16, 1),
@@ -53,12 +56,15 @@ rows = {
     "scratch lookup": lambda: workspace.float32_scratch(0, dec.current_stream(0), plan.accum_elems, q),
     "env plan inputs": lambda: env.plan_inputs(),
     "splitkv launch": lambda: plan.splitkv(dec.current_stream(0), params, kv_desc),
-    "combine launch": lambda: plan.combine(dec.current_stream(0), params),
     "data_ptr x1": lambda: q.data_ptr(),
-    "struct pack": lambda: dec.DECODE_PARAMS.pack(*([1] * 9), 1, 1, 1, 1, *([1] * 8), 1.0, 1.0, 0),
+    "struct pack": lambda: dec.DECODE_PARAMS.pack(*([1] * 9), 1, 1, 1, 1, *([1] * 8), 1.0, 1.0, 0, 1),
     "current_stream": lambda: dec.current_stream(0),
     "kv descriptor lookup": lambda: dec._kv_descriptor(k_cache, (k_cache.data_ptr(), k_cache.shape,
                                                                  k_cache.dtype), box),
 }
+if plan.combine is not None:  # the unfused schedules
+    rows["combine launch"] = lambda: plan.combine(dec.current_stream(0), params)
+if plan.counter_elems:
+    rows["counters lookup"] = lambda: workspace.zeroed_int32_counters(0, dec.current_stream(0), plan.counter_elems, q)
 for name, fn in rows.items():
     print(f"{name:28} {per_call_us(fn):7.2f} us")

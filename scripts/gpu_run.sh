@@ -19,7 +19,9 @@ python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache \
   --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=16,$cfg" \
   --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=256,$cfg" \
   --config "mla_decode_sm90:dtype=fp16,head_dim=576,page_size=64,$cfg" \
-  --config "mla_decode_sm90:dtype=bf16,head_dim=512,page_size=64,$cfg" 2>&1 | tail -n 3
+  --config "mla_decode_sm90:dtype=bf16,head_dim=512,page_size=64,$cfg" \
+  --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=64,${cfg/%ws/ws_unfused}" \
+  --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=16,${cfg/%ws/ws_unfused}" 2>&1 | tail -n 3
 # The Ampere/Ada family, as the tests force it on this GPU (tuning@target).
 python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache --arch sm_80@sm_90a --arch sm_89@sm_90a \
   2>&1 | tail -n 1
@@ -50,6 +52,9 @@ if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
   python3 bench/bench_decode.py ${BENCH_AGAINST:+--against "$BENCH_AGAINST"} --json "$OUT/bench_decode.json" 2>&1 \
     | tee "$OUT/bench_decode.log" | tail -n 40
   PYTHONPATH=$PWD/bench:$PYTHONPATH python3 bench/profile_host.py 2>&1 | tee "$OUT/profile_host.log"
+  if [ -n "${COMPARE_FUSED:-}" ]; then  # fused vs separate combine per shape (the "auto" rule's data)
+    python3 bench/compare_fused_combine.py --json "$OUT/compare_fused_combine.json" 2>&1 | tail -n 20
+  fi
   for arch in ${BENCH_ARCHS:-}; do  # e.g. BENCH_ARCHS="sm_80 sm_89": the Ampere/Ada family on this GPU
     python3 bench/bench_decode.py --arch "$arch" --json "$OUT/bench_decode_$arch.json" 2>&1 | tail -n 26
   done

@@ -26,24 +26,48 @@ def test_every_supported_config_renders():
     family = registry.get("mla_decode_sm90")
     names = set()
     for dtype, (d, dv), page in itertools.product(("bf16", "fp16"), SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES):
-        for schedule, struct, stages in (("ws", "SplitKVWsConfig", 3), ("baseline", "SplitKVConfig", 2)):
+        for schedule, struct, tail, combine in (("ws", "SplitKVWsConfig", "3, true>", False),
+                                                ("ws_unfused", "SplitKVWsConfig", "3, false>", True),
+                                                ("baseline", "SplitKVConfig", "2>", True)):
             cfg = decode_config(dtype, d, dv, page, SM90.tuning, schedule)
             src = family.source(cfg, SM90)
             assert f"{struct}<cutlass::{'bfloat16_t' if dtype == 'bf16' else 'half_t'}, {d}, {dv}," in src.source
-            assert f"{page}, 64, 64, {stages}>" in src.source
+            assert f"{page}, 64, 64, {tail}" in src.source
+            # The fused-combine kernel ships without the combine kernel.
+            assert ("mla_jit_decode_combine(" in src.source) == combine
+            assert family.entry_points(cfg)[1:] == (("mla_jit_decode_combine",) if combine else ())
             names.add(src.name)
-    assert len(names) == 2 * 2 * len(SUPPORTED_HEAD_DIMS) * len(SUPPORTED_PAGE_SIZES)
+    assert len(names) == 3 * 2 * len(SUPPORTED_HEAD_DIMS) * len(SUPPORTED_PAGE_SIZES)
     assert decode_config("bf16", 576, 512, 64, SM90.tuning).schedule == "ws"  # the default
 
 
 def test_prewarm_covers_every_preset():
     family = registry.get("mla_decode_sm90")
     cfgs = list(family.prewarm_configs(SM90.tuning, presets.resolve(["deepseek-v3", "deepseek-v2-lite"])))
-    assert cfgs == [decode_config("bf16", 576, 512, 64, SM90.tuning)]
+    # The default "auto" schedule picks the fused or the unfused ws kernel per call: both warmed.
+    assert cfgs == [decode_config("bf16", 576, 512, 64, SM90.tuning, "ws"),
+                    decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused")]
+
+
+def test_fused_combine_pays_only_for_small_partials():
+    from mla_jit.configs.decode import fused_combine_pays
+    # (batch, rows, parts, max tokens) -> fused: the anchor shapes measured on the H200.
+    assert fused_combine_pays(128, 128, 66, 512, 65536)       # h_q = 128: ~1.5 splits of 64 rows
+    assert fused_combine_pays(128, 256, 33, 512, 65536)       # s_q = 2
+    assert not fused_combine_pays(128, 64, 132, 512, 65536)   # ~2 splits of 64 rows
+    assert not fused_combine_pays(32, 32, 132, 512, 65536)    # ~5 splits of 32 rows
+    assert not fused_combine_pays(32, 64, 132, 512, 65536)
+    assert fused_combine_pays(32, 64, 132, 512, 64)           # one KV tile: one split
+    assert fused_combine_pays(32, 16, 132, 512, 65536)        # 16 rows: always
+    assert fused_combine_pays(1, 8, 132, 512, 1 << 20)
 
 
 def test_params_struct_layout_matches_header():
-    assert DECODE_PARAMS.size == 152
+    from pathlib import Path
+    import mla_jit
+    header = Path(mla_jit.__file__).parent / "include/mla_jit/decode/common.cuh"
+    assert f"static_assert(sizeof(DecodeParams) == {DECODE_PARAMS.size}," in header.read_text()
+    assert DECODE_PARAMS.size == 160
 
 
 @pytest.mark.slow
@@ -52,6 +76,7 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
     for family_name, cfg in (("mla_metadata", metadata_config()),
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning)),
                              ("mla_decode_sm90", decode_config("bf16", 512, 512, 16, SM90.tuning)),
+                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused")),
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "baseline"))):
         family = registry.get(family_name)
         binary = build(family.source(cfg, SM90))
@@ -170,14 +195,22 @@ def test_decode_launch_geometry(tuning, override, rows, expect, monkeypatch):
         monkeypatch.setattr(family, "launcher", lambda *a, **k: calls.append((a, k)) or len(calls))
     q = torch.zeros(3, 1, rows, 576, dtype=torch.bfloat16)
     k_cache = torch.zeros(4, 64, 1, 576, dtype=torch.bfloat16)
-    splitkv, combine, box = op._decode_plan(q, k_cache, 512, parts=7)
     family_name, row_tiles, threads, want_box = expect
-    (sk_args, sk_kw), (cb_args, cb_kw) = calls
-    assert sk_args[2] == registry.get(family_name).SPLITKV
-    assert sk_args[5:7] == ((7, 1, row_tiles), (threads, 1, 1))
-    assert sk_kw["dynamic_smem"] == (f"{registry.get(family_name).SPLITKV}_smem_bytes", 1234)
-    assert cb_args[5:7] == ((3, 1, -(-rows // 8)), (256, 1, 1)) and cb_kw["pdl"] is True
-    assert box == want_box
+    # Sequences of at most one KV tile: one split per batch, so the sm90 "auto" schedule fuses the
+    # combine into the split-KV kernel; long ones (many splits of 64 rows) get the combine kernel.
+    for max_seq_tokens, fused in ((64, family_name == "mla_decode_sm90"), (1 << 20, False)):
+        calls.clear()
+        splitkv, combine, box, plan_row_tiles = op._decode_plan(q, k_cache, 512, 7, max_seq_tokens)
+        (sk_args, sk_kw), *combine_calls = calls
+        assert sk_args[2] == registry.get(family_name).SPLITKV
+        assert sk_args[5:7] == ((7, 1, row_tiles), (threads, 1, 1)) and plan_row_tiles == row_tiles
+        assert sk_kw["dynamic_smem"] == (f"{registry.get(family_name).SPLITKV}_smem_bytes", 1234)
+        if fused:
+            assert combine is None and not combine_calls
+        else:
+            ((cb_args, cb_kw),) = combine_calls
+            assert cb_args[5:7] == ((3, 1, -(-rows // 8)), (256, 1, 1)) and cb_kw["pdl"] is True
+        assert box == want_box
 
 
 def test_detected_ampere_or_ada_gets_the_sm80_family_without_override(monkeypatch):
@@ -193,7 +226,7 @@ def test_detected_ampere_or_ada_gets_the_sm80_family_without_override(monkeypatc
     calls = []
     monkeypatch.setattr(family, "launcher", lambda *a, **k: calls.append((a, k)) or len(calls))
     q = torch.zeros(1, 1, 16, 576, dtype=torch.bfloat16)
-    _, _, box = op._decode_plan(q, torch.zeros(1, 64, 1, 576, dtype=torch.bfloat16), 512, parts=1)
+    _, _, box, _ = op._decode_plan(q, torch.zeros(1, 64, 1, 576, dtype=torch.bfloat16), 512, 1, 4096)
     assert box is None and calls[0][0][2] == family.SPLITKV
     assert calls[1][1]["pdl"] is False  # no programmatic dependent launch below sm_90
 

@@ -85,6 +85,15 @@ def test_decode_matches_reference(case):
     assert_decode_close(out, lse, ref_out, ref_lse)
 
 
+def _check_case(case: DecodeCase) -> None:
+    """One call on the case's seeded inputs against the float32 reference."""
+    q, k_cache, block_table, lens = make_inputs(case, seed=case_seed(case))
+    out, lse = _run(case, q, k_cache, block_table, lens)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, lens, case.dv, causal=case.causal)
+    assert_decode_close(out, lse, ref_out, ref_lse)
+
+
 def test_all_sequences_empty():
     case = DecodeCase(4, 2, 64, 16)
     q, k_cache, block_table, _ = make_inputs(case)
@@ -211,11 +220,7 @@ def _sm80_grid() -> list[DecodeCase]:
 def test_sm80_family_matches_reference(tuning, case, monkeypatch):
     """The Ampere/Ada family, forced on a Hopper GPU through MLA_JIT_ARCH (its cubin targets sm_90a)."""
     monkeypatch.setenv("MLA_JIT_ARCH", tuning)
-    q, k_cache, block_table, lens = make_inputs(case, seed=case_seed(case))
-    out, lse = _run(case, q, k_cache, block_table, lens)
-    torch.cuda.synchronize()
-    ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, lens, case.dv, causal=case.causal)
-    assert_decode_close(out, lse, ref_out, ref_lse)
+    _check_case(case)
 
 
 @pytest.mark.parametrize("case", [DecodeCase(1, 1, s_k, 16) for s_k in (1, 63, 64, 65, 128, 129, 192)]
@@ -223,8 +228,34 @@ def test_sm80_family_matches_reference(tuning, case, monkeypatch):
 def test_baseline_schedule_matches_reference(case, monkeypatch):
     """The first sm90 split-KV schedule (MLA_JIT_SM90_DECODE_SCHEDULE=baseline), kept for comparison."""
     monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", "baseline")
-    q, k_cache, block_table, lens = make_inputs(case, seed=case_seed(case))
-    out, lse = _run(case, q, k_cache, block_table, lens)
-    torch.cuda.synchronize()
-    ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, lens, case.dv, causal=case.causal)
-    assert_decode_close(out, lse, ref_out, ref_lse)
+    _check_case(case)
+
+
+def test_fused_combine_leaves_its_counters_zero(monkeypatch):
+    """The fused combine's arrival counters (one per batch, KV head and row tile) are zero again
+    after every call: the next call on the stream relies on it. Many splits per batch, two row
+    tiles and two KV heads, three calls in a row."""
+    from mla_jit.ops import workspace
+    monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", "ws")  # "auto" would not fuse this shape
+    case = DecodeCase(3, 2, 20000, 128, 2, True, True)
+    inputs = make_inputs(case, seed=5)
+    ref_out, ref_lse = mla_decode_reference(*inputs, case.dv, causal=case.causal)
+    for _ in range(3):
+        out, lse = _run(case, *inputs)
+        torch.cuda.synchronize()
+        assert_decode_close(out, lse, ref_out, ref_lse)
+    counters = list(workspace._counters.values())
+    assert counters, "the ws schedule should use the fused combine"
+    assert all(int(c.count_nonzero()) == 0 for c in counters)
+
+
+@pytest.mark.parametrize("schedule", ["ws", "ws_unfused"])
+@pytest.mark.parametrize("case", [DecodeCase(6, 2, 4096, 64, 1, True, True), DecodeCase(64, 1, 140, 128, 1, True, False),
+                                  DecodeCase(128, 1, 4096, 16, 1, True, False, zero_lens=True),
+                                  DecodeCase(2, 4, 16384, 128, 1, True, True, page=16),
+                                  DecodeCase(4, 1, 8192, 63, 1, True, False, zero_lens=True)], ids=str)
+def test_ws_schedule_with_and_without_fused_combine(schedule, case, monkeypatch):
+    """The ws kernel forced to merge the splits itself (ws) or to leave them to the combine kernel
+    (ws_unfused), whatever the "auto" choice for the shape would be."""
+    monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", schedule)
+    _check_case(case)

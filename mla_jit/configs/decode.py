@@ -67,16 +67,47 @@ class DecodeConfig:
     block_m: int
     block_n: int
     num_stages: int
-    schedule: str = "ws"   # S/softmax warpgroup + two PV warpgroups (splitkv_ws.cuh); or "baseline" (splitkv.cuh)
+    # "ws": S/softmax warpgroup + two P V warpgroups (splitkv_ws.cuh), splits merged in the kernel;
+    # "ws_unfused": the same with the combine kernel; "baseline": the first kernel (splitkv.cuh).
+    schedule: str = "ws"
 
     @property
     def num_threads(self) -> int:
-        return 384 if self.schedule == "ws" else 256
+        return 256 if self.schedule == "baseline" else 384
+
+    @property
+    def fused_combine(self) -> bool:
+        """The split-KV kernel merges the splits itself (no combine kernel; needs combine_counters)."""
+        return self.schedule == "ws"
 
 
 @functools.lru_cache(maxsize=None)
 def metadata_config() -> MetadataConfig:
     return MetadataConfig(BLOCK_N, FIXED_OVERHEAD_BLOCKS)
+
+
+# Fused combine: the CTA completing a batch merges its fp32 partials alone, with 12 warps of one
+# SM, after its main loop; the combine kernel spreads them over b * h_kv * ceil(rows / 8) CTAs of
+# 8 warps. Fusing saves one launch (~4-5 us of host time) and the combine kernel's latency, so it
+# pays while a tile has few rows (at most 16: the combine kernel has no more warps per batch) or
+# the partials per batch are small. H200, interleaved A/B (bench/compare_fused_combine.py): rows
+# <= 16 0.97-1.09x; h_q = 128 at b = 128 (~190 KB per batch) 1.00-1.015x; 260 KB 0.975-1.016x;
+# 330 KB 0.955x; 0.6-8 MB per batch 0.64-0.94x.
+FUSED_COMBINE_MAX_BYTES = 200 * 1024
+FUSED_COMBINE_ANY_BYTES_ROWS = 16
+
+
+def fused_combine_pays(batch: int, rows: int, parts: int, head_dim_v: int, max_seq_tokens: int,
+                       block_m: int = BLOCK_M, block_n: int = BLOCK_N) -> bool:
+    """Whether the sm90 ws kernel should merge the splits itself (the "auto" schedule). Partials a
+    completing CTA reads: splits per batch x rows per tile x dv x 4 B, with splits per batch
+    estimated as the scheduler's average (batch + parts) / batch, at most one per KV tile that
+    block_table can address."""
+    tile_rows = min(rows, block_m)
+    if tile_rows <= FUSED_COMBINE_ANY_BYTES_ROWS:
+        return True
+    splits = min((batch + parts) / batch, -(-max_seq_tokens // block_n))
+    return splits * tile_rows * head_dim_v * 4 <= FUSED_COMBINE_MAX_BYTES
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,7 +116,7 @@ def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, ar
     # baseline: Q (64 x d) + 2 KV stages (64 x d each) fill Hopper's 227 KB; 3 do not fit at d=576.
     # ws: Q[:, :dv] lives in registers and P in each stage's rope columns (or an 8 KB buffer per
     # stage at d=dv), so 3 stages fit (224 KB at d=576, 216 KB at d=512).
-    num_stages = 3 if schedule == "ws" else 2
+    num_stages = 2 if schedule == "baseline" else 3
     return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=num_stages,
                         schedule=schedule)
 

@@ -39,9 +39,10 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("MLA_JIT_LINEINFO", "0", "1: compile with -lineinfo (for profilers and sanitizers).",
            changes_binary=True),
     EnvVar("MLA_JIT_LOCK_TIMEOUT", "900", "Seconds to wait for another process compiling the same kernel."),
-    EnvVar("MLA_JIT_SM90_DECODE_SCHEDULE", "ws",
-           "sm90 split-KV schedule: ws (one S/softmax warpgroup, two P V warpgroups) or baseline (the first "
-           "two-warpgroup kernel, kept for comparison)."),
+    EnvVar("MLA_JIT_SM90_DECODE_SCHEDULE", "auto",
+           "sm90 split-KV schedule: auto (ws or ws_unfused by shape), ws (one S/softmax warpgroup, two "
+           "P V warpgroups, splits merged in the kernel), ws_unfused (the same with a separate combine "
+           "kernel) or baseline (the first two-warpgroup kernel, kept for comparison)."),
 ]}
 
 
@@ -111,11 +112,14 @@ def effective() -> dict[str, str]:
     return {name: _raw(name) for name in ENV_VARS}
 
 
+SM90_DECODE_SCHEDULES = ("auto", "ws", "ws_unfused", "baseline")
+
+
 def sm90_decode_schedule() -> str:
     name = _raw("MLA_JIT_SM90_DECODE_SCHEDULE").strip().lower()
-    if name not in ("baseline", "ws"):
+    if name not in SM90_DECODE_SCHEDULES:
         from ..errors import MlaJitError
-        raise MlaJitError(f"MLA_JIT_SM90_DECODE_SCHEDULE: expected 'baseline' or 'ws', got {name!r}")
+        raise MlaJitError(f"MLA_JIT_SM90_DECODE_SCHEDULE: expected one of {SM90_DECODE_SCHEDULES}, got {name!r}")
     return name
 
 

@@ -7,8 +7,8 @@ import math
 import torch
 
 from ..configs.decode import (COMBINE_ROWS_PER_CTA, COMBINE_THREADS, SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES,
-                              accum_rows, block_m_for, ctas_per_sm_for, decode_config, metadata_config,
-                              num_sm_parts, sm80_decode_config)
+                              accum_rows, block_m_for, ctas_per_sm_for, decode_config, fused_combine_pays,
+                              metadata_config, num_sm_parts, sm80_decode_config)
 from ..dtypes import name_of
 from ..errors import InvalidArgumentError
 from ..jit import env, tma
@@ -152,8 +152,9 @@ def _check_output_offsets(q_shape, num_sm_parts: int, head_dim_v: int) -> None:
                                    f"shape {tuple(q_shape)} with {num_sm_parts} sm parts")
 
 
-def _decode_plan(q, k_cache, head_dim_v: int, parts: int):
-    """(splitkv launch, combine launch, TMA box or None) for this shape; cached by the caller.
+def _decode_plan(q, k_cache, head_dim_v: int, parts: int, max_seq_tokens: int):
+    """(splitkv launch, combine launch or None, TMA box or None, row tiles) for this shape; cached
+    by the caller. The combine launch is None where the split-KV kernel merges the splits itself.
 
     sm_90a runs the TMA + wgmma family; sm_80/86/89 the mma.sync + cp.async family, which takes
     the cache as a plain pointer instead of a TMA descriptor."""
@@ -165,7 +166,11 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int):
     dtype = name_of(q.dtype)
     if arch.tuning.major >= 9:
         family = registry.get("mla_decode_sm90")
-        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, env.sm90_decode_schedule())
+        schedule = env.sm90_decode_schedule()
+        if schedule == "auto":
+            fused = fused_combine_pays(b, rows, parts, head_dim_v, max_seq_tokens)
+            schedule = "ws" if fused else "ws_unfused"
+        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule)
         params, threads, box = (Blob(DECODE_PARAMS.size), TMA_DESC), cfg.num_threads, (min(page_size, cfg.block_n), 1, 64)
     else:
         family = registry.get("mla_decode_sm80")
@@ -179,10 +184,13 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int):
     splitkv = family.launcher(cfg, arch, family.SPLITKV, device, params,
                               (parts, h_kv, -(-rows // cfg.block_m)), (threads, 1, 1), dynamic_smem=smem)
     # Programmatic dependent launch exists from sm_90 on; below, the combine simply follows in stream order.
+    row_tiles = -(-rows // cfg.block_m)
+    if getattr(cfg, "fused_combine", False):
+        return splitkv, None, box, row_tiles
     combine = family.launcher(cfg, arch, family.COMBINE, device, (Blob(DECODE_PARAMS.size),),
                               (b, h_kv, -(-rows // COMBINE_ROWS_PER_CTA)), (COMBINE_THREADS, 1, 1),
                               pdl=arch.target.major >= 9)
-    return splitkv, combine, box
+    return splitkv, combine, box, row_tiles
 
 
 def _kv_descriptor(k_cache: torch.Tensor, key: tuple, box: tuple[int, int, int]) -> tma.TmaDescriptor:
@@ -213,11 +221,12 @@ class _DecodePlan:
     """Everything a warm call needs for one validated signature."""
 
     __slots__ = ("splitkv", "combine", "box", "parts", "h_kv", "q_per_kv", "rows", "o_accum_elems",
-                 "accum_elems", "max_blocks", "bt_stride", "default_scale", "device_index", "out_shape",
-                 "lse_shape")
+                 "accum_elems", "counter_elems", "max_blocks", "bt_stride", "default_scale", "device_index",
+                 "out_shape", "lse_shape")
 
     def __init__(self, q, k_cache, block_table, head_dim_v: int, parts: int):
-        self.splitkv, self.combine, self.box = _decode_plan(q, k_cache, head_dim_v, parts)
+        self.splitkv, self.combine, self.box, row_tiles = _decode_plan(
+            q, k_cache, head_dim_v, parts, block_table.shape[1] * k_cache.shape[1])
         b, s_q, h_q, d = q.shape
         self.parts = parts
         self.h_kv = k_cache.shape[2]
@@ -226,6 +235,8 @@ class _DecodePlan:
         slots = accum_rows(b, parts)
         self.o_accum_elems = slots * self.h_kv * self.rows * head_dim_v
         self.accum_elems = self.o_accum_elems + slots * self.h_kv * self.rows
+        # Fused combine: one arrival counter per (batch, KV head, row tile).
+        self.counter_elems = 0 if self.combine is not None else b * self.h_kv * row_tiles
         self.max_blocks = block_table.shape[1]
         self.bt_stride = block_table.stride(0)
         self.default_scale = d ** -0.5
@@ -271,14 +282,18 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     stream = current_stream(plan.device_index)
     # Both partial buffers in one scratch block: o_accum then lse_accum (float32).
     accum_ptr = workspace.float32_scratch(plan.device_index, stream, plan.accum_elems, q).data_ptr()
+    counters_ptr = 0
+    if plan.counter_elems:
+        counters_ptr = workspace.zeroed_int32_counters(plan.device_index, stream, plan.counter_elems, q).data_ptr()
     q_stride = signature[1]
     params = DECODE_PARAMS.pack(
         q_ptr, out.data_ptr(), lse.data_ptr(), accum_ptr, accum_ptr + 4 * plan.o_accum_elems,
         block_table.data_ptr(), cache_seqlens.data_ptr(), tile_scheduler_metadata.data_ptr(),
         num_splits.data_ptr(), q_stride[0], q_stride[1], q_stride[2], plan.bt_stride,
         b, s_q, h_q, plan.h_kv, plan.q_per_kv, plan.rows, plan.parts, plan.max_blocks, scale, scale * _LOG2E,
-        1 if causal and s_q > 1 else 0)
+        1 if causal and s_q > 1 else 0, counters_ptr)
     kv = k_ptr if plan.box is None else _kv_descriptor(k_cache, (k_ptr, signature[4], signature[6]), plan.box)
     plan.splitkv(stream, params, kv)
-    plan.combine(stream, params)
+    if plan.combine is not None:
+        plan.combine(stream, params)
     return out, lse

@@ -1,4 +1,5 @@
-"""Scratch memory reused across calls on one CUDA stream (split-KV partial outputs).
+"""Scratch memory reused across calls on one CUDA stream (split-KV partial outputs and the
+arrival counters of the fused combine).
 
 A warm decode call would otherwise spend one allocator round trip (~3 us of host time) on a
 scratch buffer that lives only until the call's combine kernel has read it. Work enqueued on
@@ -9,6 +10,9 @@ kernels start after the previous call's combine finished. Buffers are therefore 
 While a CUDA graph is being captured the buffer is allocated fresh instead, inside the
 graph's memory pool: a graph may be replayed on any stream, concurrently with eager calls or
 with other graphs, so it must not share scratch with anything.
+
+Counters are int32 zeros when allocated (inside a capture: a memset node, run at every replay)
+and every kernel that uses them leaves them zero again, so one allocation serves every call.
 """
 from __future__ import annotations
 
@@ -25,24 +29,42 @@ except AttributeError:  # pragma: no cover - torch without the private hook
     _capturing = torch.cuda.is_current_stream_capturing
 
 
-def float32_scratch(device_index: int, stream: int, numel: int, like: torch.Tensor) -> torch.Tensor:
-    """A float32 buffer of at least `numel` elements on `like`'s device (`device_index`), private
-    to work enqueued on `stream` (the caller's current stream there) in call order."""
+def _per_stream(store: dict, device_index: int, stream: int, numel: int, make) -> torch.Tensor:
+    """store[(device, stream)], replaced by make(numel) when missing or smaller than `numel`; while
+    a graph is captured, a fresh make(numel) (inside the graph's pool)."""
     if _capturing():
-        return like.new_empty((numel,), dtype=torch.float32)
+        return make(numel)
     key = (device_index, stream)
-    buf = _buffers.get(key)
+    buf = store.get(key)
     if buf is None or buf.numel() < numel:
         with _lock:
-            buf = _buffers.get(key)
+            buf = store.get(key)
             if buf is None or buf.numel() < numel:
                 # Freeing the smaller buffer is safe: the caching allocator hands it out again
                 # only to work ordered after ours on this stream, or after an event it records.
-                buf = _buffers[key] = like.new_empty((max(numel, 1),), dtype=torch.float32)
+                buf = store[key] = make(numel)
     return buf
+
+
+def float32_scratch(device_index: int, stream: int, numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A float32 buffer of at least `numel` elements on `like`'s device (`device_index`), private
+    to work enqueued on `stream` (the caller's current stream there) in call order."""
+    return _per_stream(_buffers, device_index, stream, numel,
+                       lambda n: like.new_empty((max(n, 1),), dtype=torch.float32))
+
+
+_counters: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def zeroed_int32_counters(device_index: int, stream: int, numel: int, like: torch.Tensor) -> torch.Tensor:
+    """An int32 buffer of at least `numel` zeros on `like`'s device, private to work enqueued on
+    `stream`, which must leave it zero (the fused combine's arrival counters)."""
+    return _per_stream(_counters, device_index, stream, numel,
+                       lambda n: like.new_zeros((max(n, 1),), dtype=torch.int32))
 
 
 def release_workspaces() -> None:
     """Drop every cached scratch buffer (their memory goes back to torch's caching allocator)."""
     with _lock:
         _buffers.clear()
+        _counters.clear()

@@ -14,9 +14,9 @@ from .base import KernelFamily
 from .registry import register
 
 # C layouts of decode/common.cuh's parameter structs (little endian, natural alignment).
-DECODE_PARAMS = struct.Struct("<9Q4q8i2fi4x")     # DecodeParams, 152 bytes
+DECODE_PARAMS = struct.Struct("<9Q4q8i2fi4xQ")    # DecodeParams, 160 bytes
 METADATA_PARAMS = struct.Struct("<3Q4i")          # MetadataParams, 40 bytes
-assert DECODE_PARAMS.size == 152 and METADATA_PARAMS.size == 40
+assert DECODE_PARAMS.size == 160 and METADATA_PARAMS.size == 40
 
 
 @register
@@ -53,26 +53,30 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
     COMBINE = "mla_jit_decode_combine"
 
     def entry_points(self, cfg: DecodeConfig) -> tuple[str, ...]:
-        return (self.SPLITKV, self.COMBINE)
+        return (self.SPLITKV,) if cfg.fused_combine else (self.SPLITKV, self.COMBINE)
 
-    # schedule -> (header, config struct, device body)
+    # schedule -> (header, config struct, arguments after the stage count, device body)
     SCHEDULES = {
-        "baseline": ("mla_jit/decode/splitkv.cuh", "SplitKVConfig", "mla_splitkv_body"),
-        "ws": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", "mla_splitkv_ws_body"),
+        "baseline": ("mla_jit/decode/splitkv.cuh", "SplitKVConfig", "", "mla_splitkv_body"),
+        "ws": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", true", "mla_splitkv_ws_body"),
+        "ws_unfused": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", false", "mla_splitkv_ws_body"),
     }
 
     def render_context(self, cfg: DecodeConfig, arch: ArchPair) -> dict[str, Any]:
-        header, config, body = self.SCHEDULES[cfg.schedule]
-        return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "dtype": cpp_type(cfg.dtype),
+        header, config, extra_args, body = self.SCHEDULES[cfg.schedule]
+        return {"splitkv_entry": self.SPLITKV, "combine_entry": "" if cfg.fused_combine else self.COMBINE,
+                "extra_config_args": extra_args, "dtype": cpp_type(cfg.dtype),
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "page_size": cfg.page_size,
                 "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
                 "schedule": cfg.schedule, "splitkv_header": header, "splitkv_config": config,
                 "splitkv_body": body}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[DecodeConfig]:
-        schedule = env.sm90_decode_schedule()
+        # auto: which of the two a call takes depends on its batch and lengths; warm both.
+        chosen = env.sm90_decode_schedule()
+        schedules = ("ws", "ws_unfused") if chosen == "auto" else (chosen,)
         configs = (decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch, schedule)
-                   for p in _preset_shapes(presets))
+                   for p in _preset_shapes(presets) for schedule in schedules)
         return list(dict.fromkeys(configs))
 
 

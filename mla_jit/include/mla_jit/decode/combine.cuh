@@ -16,18 +16,16 @@ namespace decode {
 constexpr int kCombineRowsPerCta = 8;
 constexpr int kCombineThreads = kCombineRowsPerCta * 32;
 
-template <typename Element, int HEAD_DIM_V>
-__device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
+// Merges the splits of query row r (KV head g) of batch bi into out / lse, by one warp (lane):
+// nothing for a single-split batch (the split-KV kernel wrote it), out = 0 / lse = +inf for an
+// empty one. kWrittenByThisGrid: the partials were written by other CTAs of the calling grid (the
+// fused combine), so they are read through L2 (ld.global.cg) rather than the read-only path.
+template <typename Element, int HEAD_DIM_V, bool kWrittenByThisGrid>
+__device__ __forceinline__ void combine_row(const DecodeParams& p, int bi, int g, int r, int lane) {
   static_assert(HEAD_DIM_V % 128 == 0, "one float4 per lane per 128 columns");
   constexpr int kVecPerLane = HEAD_DIM_V / 128;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int bi = blockIdx.x;
-  const int g = blockIdx.y;
-  const int r = blockIdx.z * kCombineRowsPerCta + warp;
-
-  pdl_wait_primary();  // everything below may read split-KV kernel results
-
-  if (r >= p.rows) return;
+  auto load_f = [](const float* ptr) { return kWrittenByThisGrid ? __ldcg(ptr) : *ptr; };
+  auto load_f4 = [](const float4* ptr) { return kWrittenByThisGrid ? __ldcg(ptr) : __ldg(ptr); };
   const int split_begin = p.num_splits[bi];
   const int nsplit = p.num_splits[bi + 1] - split_begin;
   if (nsplit == 1) return;  // written directly by the split-KV kernel
@@ -47,12 +45,12 @@ __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
     const long long row_stride = (long long)p.h_kv * p.rows;  // between split slots
     const float* lse_acc = p.lse_accum + (long long)split_begin * row_stride + (long long)g * p.rows + r;
     float mx = -kInf;
-    for (int i = lane; i < nsplit; i += 32) mx = fmaxf(mx, lse_acc[i * row_stride]);
+    for (int i = lane; i < nsplit; i += 32) mx = fmaxf(mx, load_f(lse_acc + i * row_stride));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     const float mx_use = (mx == -kInf) ? 0.f : mx;
     float sum = 0.f;
-    for (int i = lane; i < nsplit; i += 32) sum += exp2f(lse_acc[i * row_stride] - mx_use);
+    for (int i = lane; i < nsplit; i += 32) sum += exp2f(load_f(lse_acc + i * row_stride) - mx_use);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const bool any = sum > 0.f;
@@ -64,12 +62,12 @@ __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
       const long long o_split_stride = row_stride * HEAD_DIM_V;
 #pragma unroll 2
       for (int i = 0; i < nsplit; ++i) {
-        const float w = exp2f(lse_acc[i * row_stride] - lse2);  // uniform across the warp
+        const float w = exp2f(load_f(lse_acc + i * row_stride) - lse2);  // uniform across the warp
         if (w != 0.f) {  // skip splits that saw no key (their partial o is 0 anyway)
           const float4* src = reinterpret_cast<const float4*>(o_acc + i * o_split_stride);
 #pragma unroll
           for (int j = 0; j < kVecPerLane; ++j) {
-            const float4 v = __ldg(src + j * 32 + lane);
+            const float4 v = load_f4(src + j * 32 + lane);
             acc[j * 4 + 0] += w * v.x;
             acc[j * 4 + 1] += w * v.y;
             acc[j * 4 + 2] += w * v.z;
@@ -87,6 +85,17 @@ __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
     v.y = ElemTraits<Element>::pack2(acc[j * 4 + 2], acc[j * 4 + 3]);
     *reinterpret_cast<uint2*>(out + (j * 32 + lane) * 4) = v;
   }
+}
+
+template <typename Element, int HEAD_DIM_V>
+__device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r = blockIdx.z * kCombineRowsPerCta + warp;
+
+  pdl_wait_primary();  // everything below may read split-KV kernel results
+
+  if (r >= p.rows) return;
+  combine_row<Element, HEAD_DIM_V, /*kWrittenByThisGrid=*/false>(p, blockIdx.x, blockIdx.y, r, lane);
 }
 
 }  // namespace decode

@@ -33,7 +33,12 @@ struct DecodeParams {
   float scale;       // softmax scale (natural)
   float scale_log2;  // scale * log2(e)
   int causal;
+  // Fused combine (ws schedule): one arrival counter per (batch, KV head, row tile), zero between
+  // launches (the CTA that completes a batch's count resets it). Unused by the other kernels.
+  int* combine_counters;
 };
+// runtimes/decode.py packs this struct (DECODE_PARAMS); the CPU tests pin both to this size.
+static_assert(sizeof(DecodeParams) == 160, "DecodeParams layout");
 
 // Parameters of the scheduler-metadata kernel.
 struct MetadataParams {
@@ -55,10 +60,13 @@ enum : int {
 struct PieceDest {
   bool single;
   int slot;
+  int first;   // the batch's first split slot (num_splits[bi])
+  int count;   // its number of splits
 };
 __device__ __forceinline__ PieceDest piece_dest(const DecodeParams& p, int bi, int local) {
   const int ns0 = p.num_splits[bi];
-  return {(p.num_splits[bi + 1] - ns0) == 1, ns0 + local};
+  const int count = p.num_splits[bi + 1] - ns0;
+  return {count == 1, ns0 + local, ns0, count};
 }
 
 // LSE of query row r (KV head g) of a finished piece of batch bi, given in log2 units (-inf: the

@@ -4,7 +4,13 @@
 // Grid (num_sm_parts, h_kv, ceil(rows / BLOCK_M)), block 384 threads, 1 CTA / SM, dynamic smem
 // SplitKVWsConfig<...>::kSmemBytes. Same contract as splitkv.cuh (metadata walk, TMA descriptor
 // with box {64, 1, min(page, 64)} and 128B swizzle, out / lse for single-split batches, o_accum /
-// lse_accum otherwise), so the host and the combine kernel are unchanged.
+// lse_accum otherwise).
+// FUSED_COMBINE (the default): no combine kernel. The CTA whose split completes a (batch, KV
+// head, row tile)'s arrival counter (DecodeParams::combine_counters, zero between launches)
+// merges that batch's splits after its main loop (combine.cuh's combine_row), and WG2 writes
+// out = 0 / lse = +inf for empty batches at the start. Saves the combine kernel's launch (host
+// time) and its latency-bound run after the split-KV kernel's tail. Without it the combine kernel
+// (combine.cuh) runs after this one, as for the other kernel families.
 //
 // Schedule per 64-token KV tile n (stage s = n % NUM_STAGES, use k = n / NUM_STAGES):
 //   WG0 (S + softmax): Q[:, :496] lives in registers for the whole piece (RS wgmma: A from
@@ -47,6 +53,7 @@
 // at R24 and ignores a setmaxnreg below (highest register + 3), which is what bounds both.
 #pragma once
 
+#include "combine.cuh"
 #include "common.cuh"
 
 namespace mla_jit {
@@ -144,10 +151,175 @@ struct WsCursor {
   }
 };
 
+// Named barrier of the two P V warpgroups (256 threads); 1 is WG0's.
+constexpr int kBarPV = 2;
+
+// Row r (h: which of the thread's two accumulator rows) of this thread's O columns, cast to the
+// output dtype, into out. 32-bit element offsets (here and in the P V epilogue): < 2^31 for every
+// shape validation admits, and 64-bit index math costs registers the P V warpgroups lack.
+template <typename Cfg, typename TensorO>
+__device__ __forceinline__ void ws_store_out_row(const DecodeParams& p, const TensorO& tOrO, int bi, int r, int h,
+                                                 int col_base) {
+  using Element = typename Cfg::Element;
+  constexpr int DV = Cfg::HEAD_DIM_V;
+  const int s = r / p.q_per_kv;
+  const int head = (int)blockIdx.y * p.q_per_kv + (r - s * p.q_per_kv);
+  Element* o = reinterpret_cast<Element*>(p.out) + (((bi * p.s_q + s) * p.h_q + head) * DV + col_base);
+#pragma unroll
+  for (int j = 0; j < cute::size(tOrO) / 4; ++j) {
+    const int i = j * 4 + h * 2;
+    *reinterpret_cast<unsigned*>(o + j * 8) = ElemTraits<Element>::pack2(tOrO(i), tOrO(i + 1));
+  }
+}
+
+// Fused combine, step 1: run by both P V warpgroups (256 threads, thread 128 among them) right
+// after they stored their halves of a split piece's O into o_accum (WG0 stored and fenced the
+// piece's lse_accum before publishing its last P). The CTA counts its split into the (batch, KV
+// head, row tile) counter; the CTA that completes the count notes the batch in `pending` and
+// merges it after its main loop (step 2, combine_row per query row), when registers and time are free.
+// A CTA holds at most two split pieces (the first and the last of its range: batches inside the
+// range are whole), so `pending` has two slots.
+__device__ __forceinline__ void ws_count_split(const DecodeParams& p, const PieceDest& dest, int bi, int g,
+                                               int m_block, int tid, int* pending, int* num_pending) {
+  __threadfence();  // release: this thread's o_accum stores, GPU-wide, before the count
+  named_barrier_sync(kBarPV, 256);
+  if (tid == 128) {
+    int* counter = p.combine_counters + (bi * p.h_kv + g) * (int)gridDim.z + m_block;
+    if (atomicAdd(counter, 1) == dest.count - 1) {
+      *counter = 0;     // every split has counted: zero again for the next launch
+      __threadfence();  // acquire: the other splits' stores before step 2's reads
+      pending[(*num_pending)++] = bi;
+    }
+  }
+}
+
+// Fused combine, step 2: merges the splits of batch bi for this CTA's rows (KV head blockIdx.y,
+// row tile blockIdx.z) into out / lse, by all NUM_THREADS threads after the main loop. Three
+// phases, so that no thread waits on a chain of dependent global loads: (A) every split's
+// lse_accum of every row into smem `wts` [split][BM]; (B) per row: the final lse (written out)
+// and each split's weight 2^(lse_i - lse), in place; (C) out = sum_i w_i * o_i over 16-byte
+// chunks of the rows, 4 chunks x 4 splits of loads in flight per thread. Partials are read
+// through L2 (ld.global.cg): other SMs wrote them during this kernel.
+template <typename Cfg>
+__device__ __forceinline__ void ws_combine_batch(const DecodeParams& p, int bi, float* wts, int tid) {
+  using Element = typename Cfg::Element;
+  constexpr int DV = Cfg::HEAD_DIM_V, BM = Cfg::BLOCK_M, NT = Cfg::NUM_THREADS;
+  constexpr int kMaxSplits = int(Cfg::kTileBytes) * Cfg::NUM_STAGES / (BM * 4);  // wts fits the KV stages
+  const int g = blockIdx.y, row_base = blockIdx.z * BM;
+  const int first = p.num_splits[bi];
+  const int nsplit = p.num_splits[bi + 1] - first;
+  const int nrows = min(BM, p.rows - row_base);
+  if (nsplit > kMaxSplits) {  // more splits than SMs on any GPU so far: the slow, general path
+    for (int lr = tid / 32; lr < nrows; lr += NT / 32)
+      combine_row<Element, DV, /*kWrittenByThisGrid=*/true>(p, bi, g, row_base + lr, tid % 32);
+    __syncthreads();
+    return;
+  }
+  const int split_stride = p.h_kv * p.rows;  // lse_accum elements between split slots
+  const float* lse_acc = p.lse_accum + (first * p.h_kv + g) * p.rows + row_base;
+  // (A)
+  for (int idx = tid; idx < nsplit * BM; idx += NT) {
+    const int i = idx / BM, lr = idx % BM;
+    wts[idx] = lr < nrows ? __ldcg(lse_acc + i * split_stride + lr) : -kInf;
+  }
+  __syncthreads();
+  // (B)
+  if (tid < nrows) {
+    float mx = -kInf;
+    for (int i = 0; i < nsplit; ++i) mx = fmaxf(mx, wts[i * BM + tid]);
+    const float mx_use = mx == -kInf ? 0.f : mx;
+    float sum = 0.f;
+    for (int i = 0; i < nsplit; ++i) sum += exp2f(wts[i * BM + tid] - mx_use);
+    const bool any = sum > 0.f;  // else no split saw a key for the row: out = 0, lse = +inf
+    const float lse2 = any ? mx_use + log2f(sum) : kInf;
+    for (int i = 0; i < nsplit; ++i) wts[i * BM + tid] = any ? exp2f(wts[i * BM + tid] - lse2) : 0.f;
+    const int r = row_base + tid, s = r / p.q_per_kv;
+    const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+    p.lse[(bi * p.h_q + head) * p.s_q + s] = any ? lse2 * 0.69314718055994530942f : kInf;
+  }
+  __syncthreads();
+  // (C)
+  constexpr int kRowChunks = DV / 4;  // float4 chunks per row
+  constexpr int kC = 4, kS = 4;       // chunks per thread per pass, splits per load batch
+  const int nchunks = nrows * kRowChunks;
+  const float4* o_acc = reinterpret_cast<const float4*>(p.o_accum) + ((first * p.h_kv + g) * p.rows + row_base) * kRowChunks;
+  const int o_split_stride = split_stride * kRowChunks;  // float4s between split slots
+  for (int base = tid; base < nchunks; base += NT * kC) {
+    float4 acc[kC];
+#pragma unroll
+    for (int c = 0; c < kC; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i0 = 0; i0 < nsplit; i0 += kS) {
+      float4 v[kS][kC];
+#pragma unroll
+      for (int j = 0; j < kS; ++j) {
+#pragma unroll
+        for (int c = 0; c < kC; ++c) {
+          const int chunk = base + c * NT;
+          v[j][c] = (i0 + j < nsplit && chunk < nchunks) ? __ldcg(o_acc + (i0 + j) * o_split_stride + chunk)
+                                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kS; ++j) {
+#pragma unroll
+        for (int c = 0; c < kC; ++c) {
+          const int chunk = base + c * NT;
+          const float w = (i0 + j < nsplit && chunk < nchunks) ? wts[(i0 + j) * BM + chunk / kRowChunks] : 0.f;
+          acc[c].x += w * v[j][c].x;
+          acc[c].y += w * v[j][c].y;
+          acc[c].z += w * v[j][c].z;
+          acc[c].w += w * v[j][c].w;
+        }
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kC; ++c) {
+      const int chunk = base + c * NT;
+      if (chunk >= nchunks) continue;
+      const int r = row_base + chunk / kRowChunks, s = r / p.q_per_kv;
+      const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+      Element* o = reinterpret_cast<Element*>(p.out) + ((bi * p.s_q + s) * p.h_q + head) * DV + (chunk % kRowChunks) * 4;
+      uint2 packed;
+      packed.x = ElemTraits<Element>::pack2(acc[c].x, acc[c].y);
+      packed.y = ElemTraits<Element>::pack2(acc[c].z, acc[c].w);
+      *reinterpret_cast<uint2*>(o) = packed;
+    }
+  }
+  __syncthreads();  // wts is rewritten by the next batch's phase A
+}
+
+// out = 0 and lse = +inf for this CTA's rows (KV head blockIdx.y, row tile m_block) of every
+// batch without splits (no keys), batches blockIdx.x, blockIdx.x + gridDim.x, ...: the work of
+// the combine kernel for them. 128 threads (tid_wg).
+template <typename Cfg>
+__device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, int tid_wg, int g, int m_block) {
+  using Element = typename Cfg::Element;
+  constexpr int DV = Cfg::HEAD_DIM_V, BM = Cfg::BLOCK_M;
+  constexpr int kChunks = DV / 8;  // 16-byte chunks per row
+  for (int bi = blockIdx.x; bi < p.b; bi += gridDim.x) {
+    if (p.num_splits[bi + 1] != p.num_splits[bi]) continue;
+#pragma unroll 1
+    for (int idx = tid_wg; idx < BM * kChunks; idx += 128) {
+      const int r = m_block * BM + idx / kChunks;
+      if (r >= p.rows) break;
+      const int s = r / p.q_per_kv;
+      const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+      Element* o = reinterpret_cast<Element*>(p.out) + ((bi * p.s_q + s) * p.h_q + head) * DV;
+      reinterpret_cast<uint4*>(o)[idx % kChunks] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    const int r = m_block * BM + tid_wg;
+    if (tid_wg < BM && r < p.rows) {
+      const int s = r / p.q_per_kv;
+      const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+      p.lse[(bi * p.h_q + head) * p.s_q + s] = kInf;
+    }
+  }
+}
+
 }  // namespace detail
 
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
-          int BLOCK_N_ = 64, int NUM_STAGES_ = 3>
+          int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true>
 struct SplitKVWsConfig {
   using Element = Element_;
   static constexpr int HEAD_DIM = HEAD_DIM_;
@@ -157,6 +329,9 @@ struct SplitKVWsConfig {
   static constexpr int BLOCK_N = BLOCK_N_;
   static constexpr int NUM_STAGES = NUM_STAGES_;
   static constexpr int NUM_THREADS = 384;
+  // The CTA that finishes the last split of a (batch, KV head, row tile) merges the splits itself
+  // (no combine kernel), and the kernel writes out = 0 / lse = +inf for empty batches.
+  static constexpr bool kFusedCombine = FUSED_COMBINE_;
 
   // Per-thread registers after setmaxnreg: WG0 (Q fragment + S) and the P V warpgroups (O half).
   // kRegsS + 2 * kRegsPV <= 3 * 168 (the launch allocation); see the header comment.
@@ -230,6 +405,9 @@ struct SplitKVWsConfig {
     // (register-bound) P V warpgroup.
     detail::WorkCursor prod;
     int prod_n;  // index of the next tile to issue
+    // Fused combine: batches whose splits this CTA merges after its main loop (thread 128 appends).
+    int pending[2];
+    int num_pending;
     alignas(8) uint64_t full[NUM_STAGES];     // TMA landed (tx-count barrier)
     uint64_t p_full[NUM_STAGES];               // WG0 wrote P / row_scale / info (4 warp arrivals)
     uint64_t pv_done[NUM_STAGES];              // WG1 + WG2 finished P V (8 warp arrivals)
@@ -276,6 +454,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       mbarrier_init(&ss.p_full[s], 4);
       mbarrier_init(&ss.pv_done[s], 8);
     }
+    ss.num_pending = 0;
     fence_barrier_init();
   }
   if (is_producer) prefetch_tma_descriptor(tmap);
@@ -582,11 +761,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         info.bi = cur.bi;
         ss.info[stage] = info;
       }
-      fence_proxy_async_shared();  // P and the zeroed tail rows are read by wgmma (async proxy)
-      __syncwarp();
-      if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[stage]);
-
-      if (last) {
+      auto store_lse = [&]() {
         if ((tw & 3) == 0) {
           const int* meta = meta_ptr();
           const PieceDest dest =
@@ -596,12 +771,27 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
             const int r = m_block * BM + row0 + 8 * h;
             if (r < p.rows) store_piece_lse(p, dest, cur.bi, g, r, lse2[h]);
           }
+          // Fused combine: the CTA that completes the batch's count (after this tile's P V) reads
+          // every split's lse_accum; fenced before P is published.
+          if (Cfg::kFusedCombine && !dest.single) __threadfence();
         }
+      };
+      if constexpr (Cfg::kFusedCombine) {
+        if (last) store_lse();
+      }
+      fence_proxy_async_shared();  // P and the zeroed tail rows are read by wgmma (async proxy)
+      __syncwarp();
+      if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[stage]);
+
+      if (last) {
+        if constexpr (!Cfg::kFusedCombine) store_lse();
         piece_start = true;
       }
       ++n;
       cur.template advance<BN>(meta_ptr(), seqlens);
     }
+    // The code after the role branches runs in every warp: give it one register budget.
+    detail::setmaxnreg_dec<Cfg::kRegsPV>();
   } else {
     // ================ WG1 / WG2: O[:, half] += P V[:, half]; thread 128: TMA producer ================
     // Tiles of this CTA (WG0 owns the walk; the P V warpgroups only need the count). Counted
@@ -622,6 +812,12 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     const int lane = tid % 32;
     const int row0 = (tid_wg / 32) * 16 + lane / 4;
     const int col_lane = (lane % 4) * 2;
+
+    if constexpr (Cfg::kFusedCombine) {
+      // No combine kernel: batches without keys get out = 0 / lse = +inf here (WG2 has time for
+      // it while WG0 computes the first S).
+      if (half == 1) detail::ws_write_empty_batches<Cfg>(p, tid_wg, blockIdx.y, blockIdx.z);
+    }
 
     typename Cfg::TiledMmaO mma_o;
     auto thr_o = mma_o.get_thread_slice(tid_wg);
@@ -687,17 +883,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
           const int r = m_block * BM + row0 + 8 * h;
           if (r >= p.rows) continue;
           if (single) {
-            const int s = r / p.q_per_kv;
-            const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
-            // 32-bit element offsets (here and below): < 2^31 for every supported shape (b <= 1024,
-            // s_q * h_q <= 512, dv = 512), and 64-bit index math costs registers this warpgroup lacks.
-            Element* o = reinterpret_cast<Element*>(p.out) + (((info.bi * p.s_q + s) * p.h_q + head) * DV + col_base);
-#pragma unroll
-            for (int j = 0; j < size(tOrO) / 4; ++j) {
-              const int i = j * 4 + h * 2;
-              *reinterpret_cast<unsigned*>(o + j * 8) =
-                  ElemTraits<Element>::pack2(tOrO(i), tOrO(i + 1));
-            }
+            detail::ws_store_out_row<Cfg>(p, tOrO, info.bi, r, h, col_base);
           } else {
             float* o = p.o_accum + (((slot * p.h_kv + g) * p.rows + r) * DV + col_base);
 #pragma unroll
@@ -707,12 +893,23 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
             }
           }
         }
+        if constexpr (Cfg::kFusedCombine) {
+          if (!single) detail::ws_count_split(p, dest, info.bi, g, m_block, tid, ss.pending, &ss.num_pending);
+        }
       }
       fresh = info.last;
       if (++stage == NS) {
         stage = 0;
         phase ^= 1u;
       }
+    }
+  }
+  if constexpr (Cfg::kFusedCombine) {
+    // Step 2 of the fused combine: all 12 warps merge the batches this CTA completed. The KV
+    // stages are free now (every tile was consumed): they hold the split weights.
+    __syncthreads();
+    for (int k = 0; k < ss.num_pending; ++k) {
+      detail::ws_combine_batch<Cfg>(p, ss.pending[k], reinterpret_cast<float*>(ss.kv), tid);
     }
   }
   pdl_launch_dependents();
