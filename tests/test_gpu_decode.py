@@ -104,7 +104,9 @@ def test_all_sequences_empty():
     assert torch.isinf(lse).all() and (lse > 0).all()
 
 
-def test_cuda_graph_capture_and_replay_match_eager():
+@pytest.mark.parametrize("schedule", ["auto", "ws"])  # ws: the fused combine's counters in the graph
+def test_cuda_graph_capture_and_replay_match_eager(schedule, monkeypatch):
+    monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", schedule)
     case = DecodeCase(16, 2, 1024, 64, 1, True, True)
     q, k_cache, block_table, lens = make_inputs(case)
     eager_out, eager_lse = _run(case, q, k_cache, block_table, lens)  # warms every kernel

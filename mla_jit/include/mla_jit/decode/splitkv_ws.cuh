@@ -188,6 +188,7 @@ __device__ __forceinline__ void ws_count_split(const DecodeParams& p, const Piec
     if (atomicAdd(counter, 1) == dest.count - 1) {
       *counter = 0;     // every split has counted: zero again for the next launch
       __threadfence();  // acquire: the other splits' stores before step 2's reads
+      if (*num_pending >= 2) __trap();  // cannot happen (see above): fail loudly, never overrun smem
       pending[(*num_pending)++] = bi;
     }
   }
