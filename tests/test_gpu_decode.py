@@ -37,7 +37,10 @@ def _grid() -> list[DecodeCase]:
               DecodeCase(128, 1, 4096, 16, 1, True, False, zero_lens=True),
               DecodeCase(128, 2, 140, 128, 1, True, True, zero_lens=True),
               DecodeCase(2, 1, 131072, 16, 1, False, False),
-              DecodeCase(1, 4, 65536, 128, 1, False, True)]
+              DecodeCase(1, 4, 65536, 128, 1, False, True),
+              # The largest batch, with the most rows (8 row tiles), and with 2 KV heads.
+              DecodeCase(1024, 4, 64, 128, 1, True, True),
+              DecodeCase(1024, 1, 64, 128, 2, True, False, zero_lens=True)]
     return cases
 
 

@@ -5,7 +5,8 @@
 // Batches with exactly one split return at once (the split-KV kernel wrote out/lse);
 // zero-split (empty) batches get out = 0, lse = +inf.
 // Launch with programmatic dependent launch after the split-KV kernel: griddepcontrol.wait
-// precedes every read of data written by earlier kernels.
+// precedes every read of data the split-KV kernel writes (num_splits, from the metadata kernel,
+// is read before it).
 #pragma once
 
 #include "common.cuh"
@@ -87,15 +88,87 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int bi, int g
   }
 }
 
+// Split-count ceiling of the staged path below (static smem: kCombineRowsPerCta x this floats);
+// batches with more splits (only possible with more SM parts than this) take combine_row.
+constexpr int kCombineMaxStagedSplits = 512;
+
 template <typename Element, int HEAD_DIM_V>
 __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
+  static_assert(HEAD_DIM_V % 128 == 0, "one float4 per lane per 128 columns");
+  constexpr int kVecPerLane = HEAD_DIM_V / 128;
+  constexpr int R = kCombineRowsPerCta;
+  __shared__ float s_w[R][kCombineMaxStagedSplits];  // per row: split LSEs, then split weights
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int r = blockIdx.z * kCombineRowsPerCta + warp;
+  const int bi = blockIdx.x, g = blockIdx.y, row_base = blockIdx.z * R;
+  const int r = row_base + warp;
+
+  // num_splits comes from the metadata kernel, which finished before the split-KV kernel
+  // started: read it before waiting for the split-KV kernel (this overlaps that kernel's tail).
+  const int split_begin = p.num_splits[bi];
+  const int nsplit = p.num_splits[bi + 1] - split_begin;
+  if (nsplit == 1) return;  // written directly by the split-KV kernel
 
   pdl_wait_primary();  // everything below may read split-KV kernel results
 
+  if (nsplit > kCombineMaxStagedSplits) {
+    if (r < p.rows) combine_row<Element, HEAD_DIM_V, /*kWrittenByThisGrid=*/false>(p, bi, g, r, lane);
+    return;
+  }
+  // Every row's split LSEs (log2 units; -inf: the split saw no key) in one parallel round.
+  const int row_stride = p.h_kv * p.rows;  // lse_accum elements between split slots
+  const float* lse_acc = p.lse_accum + (long long)split_begin * row_stride + (long long)g * p.rows + row_base;
+  for (int idx = threadIdx.x; idx < nsplit * R; idx += kCombineThreads) {
+    const int i = idx / R, w = idx % R;
+    s_w[w][i] = row_base + w < p.rows ? lse_acc[(long long)i * row_stride + w] : -kInf;
+  }
+  __syncthreads();
   if (r >= p.rows) return;
-  combine_row<Element, HEAD_DIM_V, /*kWrittenByThisGrid=*/false>(p, blockIdx.x, blockIdx.y, r, lane);
+
+  float mx = -kInf;
+  for (int i = lane; i < nsplit; i += 32) mx = fmaxf(mx, s_w[warp][i]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const float mx_use = (mx == -kInf) ? 0.f : mx;
+  float sum = 0.f;
+  for (int i = lane; i < nsplit; i += 32) sum += exp2f(s_w[warp][i] - mx_use);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const bool any = sum > 0.f;  // else no split saw a key: out = 0, lse = +inf
+  const float lse2 = any ? mx_use + log2f(sum) : kInf;
+  for (int i = lane; i < nsplit; i += 32) s_w[warp][i] = any ? exp2f(s_w[warp][i] - lse2) : 0.f;
+  __syncwarp();
+
+  // out = sum_i w_i o_i. Every split wrote all rows of its slot (zeros where it saw no key), so
+  // no branch on w: the loads of 4 splits are in flight at once.
+  float acc[kVecPerLane * 4];
+#pragma unroll
+  for (int i = 0; i < kVecPerLane * 4; ++i) acc[i] = 0.f;
+  const float4* o_acc = reinterpret_cast<const float4*>(
+      p.o_accum + ((long long)split_begin * row_stride + (long long)g * p.rows + r) * HEAD_DIM_V);
+  const long long o_split_stride = (long long)row_stride * (HEAD_DIM_V / 4);  // float4s
+#pragma unroll 4
+  for (int i = 0; i < nsplit; ++i) {
+    const float w = s_w[warp][i];
+#pragma unroll
+    for (int j = 0; j < kVecPerLane; ++j) {
+      const float4 v = __ldg(o_acc + i * o_split_stride + j * 32 + lane);
+      acc[j * 4 + 0] += w * v.x;
+      acc[j * 4 + 1] += w * v.y;
+      acc[j * 4 + 2] += w * v.z;
+      acc[j * 4 + 3] += w * v.w;
+    }
+  }
+  const int s = r / p.q_per_kv;
+  const int h = g * p.q_per_kv + (r - s * p.q_per_kv);
+  if (lane == 0) p.lse[((long long)bi * p.h_q + h) * p.s_q + s] = any ? lse2 * 0.69314718055994530942f : kInf;
+  Element* out = reinterpret_cast<Element*>(p.out) + ((long long)(bi * p.s_q + s) * p.h_q + h) * HEAD_DIM_V;
+#pragma unroll
+  for (int j = 0; j < kVecPerLane; ++j) {
+    uint2 v;
+    v.x = ElemTraits<Element>::pack2(acc[j * 4 + 0], acc[j * 4 + 1]);
+    v.y = ElemTraits<Element>::pack2(acc[j * 4 + 2], acc[j * 4 + 3]);
+    *reinterpret_cast<uint2*>(out + (j * 32 + lane) * 4) = v;
+  }
 }
 
 }  // namespace decode
