@@ -82,14 +82,18 @@ def _schedule_setter(schedule: str | None):
 
 
 def host_time_us(fn, calls: int = 200, rounds: int = 10) -> float:
+    """Host (enqueue) time of fn per call, median of rounds. The GPU is held busy by a sleep
+    kernel while a round is enqueued, so the figure is host work alone: without it, a call whose
+    GPU time exceeds its host time would be timed at the GPU's pace (the launch queue fills)."""
     samples = []
     for _ in range(rounds):
         torch.cuda.synchronize()
+        torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time: longer than the round's enqueueing
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         samples.append((time.perf_counter() - t0) / calls * 1e6)
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
     return statistics.median(samples)
 
 

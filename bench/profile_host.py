@@ -1,6 +1,4 @@
 """Where the host time of a warm decode call goes (each piece timed alone, median of rounds)."""
-import statistics
-import time
 
 import torch
 
@@ -10,19 +8,11 @@ from mla_jit.ops import decode as dec
 from mla_jit.ops import workspace
 from mla_jit.runtimes import registry
 
-from bench_decode import make_inputs
+from bench_decode import host_time_us, make_inputs
 
 
-def per_call_us(fn, n=2000, rounds=7):
-    out = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        out.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(out)
+def per_call_us(fn):
+    return host_time_us(fn, calls=200, rounds=15)
 
 
 q, k_cache, block_table, lens = make_inputs(1, 1, 256, 16)
