@@ -2,15 +2,15 @@
 
 An empty kernel with the split-KV kernel's parameters (a 160-byte struct and a 128-byte TMA
 descriptor, by value), grid 132 x 384 threads, launched N times per path; per-call host time is the
-median of rounds (the GPU runs each empty launch faster than the host issues it).
+median of rounds, enqueued while a sleep kernel holds the GPU (bench_decode.host_time_us).
 Paths: mla_jit's PreparedLaunch (cuda.bindings cuLaunchKernelEx), cuda.bindings cuLaunchKernel,
 and libcuda's cuLaunchKernel / cuLaunchKernelEx called through ctypes.
 Usage: python bench/probe_launch.py"""
 from __future__ import annotations
 
 import ctypes
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
@@ -19,6 +19,9 @@ from mla_jit.jit.build import KernelSource, build
 from mla_jit.jit.driver import cu
 from mla_jit.jit.launch import TMA_DESC, Blob, Immutable, PreparedLaunch
 from mla_jit.jit.loader import get_kernel
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_decode import host_time_us  # noqa: E402
 
 SOURCE = r"""
 struct Params { long long w[20]; };
@@ -37,16 +40,8 @@ class _Desc(Immutable):
         self.address = base + (-base) % 64
 
 
-def per_call_us(fn, n=5000, rounds=7) -> float:
-    out = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        out.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(out)
+def per_call_us(fn) -> float:
+    return host_time_us(fn, calls=500, rounds=9)
 
 
 class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
