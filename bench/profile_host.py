@@ -28,9 +28,7 @@ kv_desc = dec._kv_descriptor(k_cache, (k_cache.data_ptr(), k_cache.shape, k_cach
 # Launch params of a real call (pointers into live tensors: the timed launches do real work).
 out = torch.empty((1, 1, 16, 512), dtype=torch.bfloat16, device=dev)
 lse = torch.empty((1, 16, 1), dtype=torch.float32, device=dev)
-scratch = workspace.float32_scratch(0, dec.current_stream(0), plan.accum_elems, q).data_ptr()
-counters = (workspace.zeroed_int32_counters(0, dec.current_stream(0), plan.counter_elems, q).data_ptr()
-            if plan.counter_elems else 0)
+scratch, counters, _ = workspace.decode_scratch(0, dec.current_stream(0), plan.accum_elems, plan.counter_elems, q)
 params = dec.DECODE_PARAMS.pack(q.data_ptr(), out.data_ptr(), lse.data_ptr(), scratch, scratch + 4 * plan.o_accum_elems,
                                 block_table.data_ptr(), lens.data_ptr(), meta.data_ptr(), splits.data_ptr(),
                                 *q.stride()[:3], plan.bt_stride, 1, 1, 16, plan.h_kv, plan.q_per_kv, plan.rows,
@@ -43,7 +41,8 @@ rows = {
     "signature + dict get": lambda: fam.plans.get(dec._signature(*args)),
     "torch.empty x1": lambda: torch.empty((1, 1, 16, 512), dtype=torch.bfloat16, device=dev),
     "q.new_empty x1": lambda: q.new_empty((1, 1, 16, 512)),
-    "scratch lookup": lambda: workspace.float32_scratch(0, dec.current_stream(0), plan.accum_elems, q),
+    "scratch lookup": lambda: workspace.decode_scratch(0, dec.current_stream(0), plan.accum_elems,
+                                                       plan.counter_elems, q),
     "env plan inputs": lambda: env.plan_inputs(),
     "splitkv launch": lambda: plan.splitkv(dec.current_stream(0), params, kv_desc),
     "data_ptr x1": lambda: q.data_ptr(),
@@ -54,7 +53,5 @@ rows = {
 }
 if plan.combine is not None:  # the unfused schedules
     rows["combine launch"] = lambda: plan.combine(dec.current_stream(0), params)
-if plan.counter_elems:
-    rows["counters lookup"] = lambda: workspace.zeroed_int32_counters(0, dec.current_stream(0), plan.counter_elems, q)
 for name, fn in rows.items():
     print(f"{name:28} {per_call_us(fn):7.2f} us")

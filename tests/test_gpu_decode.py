@@ -134,6 +134,30 @@ def test_cuda_graph_capture_and_replay_match_eager(schedule, monkeypatch):
     assert_decode_close(g_out, g_lse, ref_out, ref_lse)
 
 
+@pytest.mark.parametrize("case", [DecodeCase(1, 1, 8192, 2, 1, True, False),
+                                  DecodeCase(2, 1, 8192, 8, 8, True, False)], ids=str)
+def test_graph_capture_with_fused_combine_and_small_scratch(case, monkeypatch):
+    """Captured calls whose partials scratch is small (< 1 MB): the fused combine's counters must
+    not share a block of the graph's pool with the partials (they did once: NaN on replay)."""
+    monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", "ws")
+    q, k_cache, block_table, lens = make_inputs(case, seed=case_seed(case))
+    _run(case, q, k_cache, block_table, lens)  # warm
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
+        g_out, g_lse = mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, case.dv, metadata, num_splits)
+    ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, lens, case.dv)
+    for _ in range(2):
+        g_out.fill_(float("nan"))
+        g_lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_decode_close(g_out, g_lse, ref_out, ref_lse)
+
+
 def test_scratch_reuse_across_calls_streams_and_graphs():
     """The split-KV scratch is cached per stream: back-to-back calls of different sizes on one
     stream, a concurrent call on a second stream and a concurrent graph replay stay correct."""

@@ -280,11 +280,10 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     out = q.new_empty(plan.out_shape)  # new_empty: ~1 us cheaper than torch.empty(..., device=)
     lse = q.new_empty(plan.lse_shape, dtype=torch.float32)
     stream = current_stream(plan.device_index)
-    # Both partial buffers in one scratch block: o_accum then lse_accum (float32).
-    accum_ptr = workspace.float32_scratch(plan.device_index, stream, plan.accum_elems, q).data_ptr()
-    counters_ptr = 0
-    if plan.counter_elems:
-        counters_ptr = workspace.zeroed_int32_counters(plan.device_index, stream, plan.counter_elems, q).data_ptr()
+    # Both partial buffers in one scratch block: o_accum then lse_accum (float32); `scratch` keeps
+    # a buffer allocated during graph capture alive until the launch is enqueued.
+    accum_ptr, counters_ptr, scratch = workspace.decode_scratch(plan.device_index, stream, plan.accum_elems,
+                                                                plan.counter_elems, q)
     q_stride = signature[1]
     params = DECODE_PARAMS.pack(
         q_ptr, out.data_ptr(), lse.data_ptr(), accum_ptr, accum_ptr + 4 * plan.o_accum_elems,
@@ -296,4 +295,5 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     plan.splitkv(stream, params, kv)
     if plan.combine is not None:
         plan.combine(stream, params)
+    del scratch  # (graph capture) freed only now: later captured work may reuse the block
     return out, lse

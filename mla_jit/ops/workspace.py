@@ -58,9 +58,31 @@ _counters: dict[tuple[int, int], torch.Tensor] = {}
 
 def zeroed_int32_counters(device_index: int, stream: int, numel: int, like: torch.Tensor) -> torch.Tensor:
     """An int32 buffer of at least `numel` zeros on `like`'s device, private to work enqueued on
-    `stream`, which must leave it zero (the fused combine's arrival counters)."""
+    `stream`, which must leave it zero (the fused combine's arrival counters). Not for graph
+    capture: see decode_scratch."""
     return _per_stream(_counters, device_index, stream, numel,
                        lambda n: like.new_zeros((max(n, 1),), dtype=torch.int32))
+
+
+def decode_scratch(device_index: int, stream: int, accum_elems: int, counter_elems: int,
+                   like: torch.Tensor) -> tuple[int, int, torch.Tensor | None]:
+    """(float32 partials pointer, int32 zeroed counters pointer or 0, keep-alive) for one decode
+    call on `stream`. Outside a capture both buffers are the cached per-stream ones. While a graph
+    is captured they are one fresh allocation (counters zeroed at its end, a memset node), and
+    the caller holds the returned tensor until the kernel is enqueued: two temporaries freed
+    one after the other would be handed the same block by the graph's pool."""
+    if _capturing():
+        buf = like.new_empty((max(accum_elems + counter_elems, 1),), dtype=torch.float32)
+        counters_ptr = 0
+        if counter_elems:
+            buf[accum_elems:].zero_()  # 0.0f and int32 0 share their bits
+            counters_ptr = buf.data_ptr() + 4 * accum_elems
+        return buf.data_ptr(), counters_ptr, buf
+    accum_ptr = float32_scratch(device_index, stream, accum_elems, like).data_ptr()
+    counters_ptr = 0
+    if counter_elems:
+        counters_ptr = zeroed_int32_counters(device_index, stream, counter_elems, like).data_ptr()
+    return accum_ptr, counters_ptr, None
 
 
 def release_workspaces() -> None:

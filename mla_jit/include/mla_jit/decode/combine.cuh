@@ -106,9 +106,11 @@ __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
   // started: read it before waiting for the split-KV kernel (this overlaps that kernel's tail).
   const int split_begin = p.num_splits[bi];
   const int nsplit = p.num_splits[bi + 1] - split_begin;
-  if (nsplit == 1) return;  // written directly by the split-KV kernel
 
+  // Every CTA waits, even one with nothing to do: this grid must not complete before the split-KV
+  // kernel it depends on (work ordered after it relies on that).
   pdl_wait_primary();  // everything below may read split-KV kernel results
+  if (nsplit == 1) return;  // written directly by the split-KV kernel
 
   if (nsplit > kCombineMaxStagedSplits) {
     if (r < p.rows) combine_row<Element, HEAD_DIM_V, /*kWrittenByThisGrid=*/false>(p, bi, g, r, lane);
