@@ -107,6 +107,18 @@ def test_all_sequences_empty():
     assert torch.isinf(lse).all() and (lse > 0).all()
 
 
+def _capture(case: DecodeCase, q, k_cache, block_table, lens):
+    """(graph, out, lse) of get_mla_metadata + flash_mla_with_kvcache captured on a side stream."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
+        out, lse = mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, case.dv, metadata, num_splits,
+                                                  causal=case.causal)
+    return graph, out, lse
+
+
 @pytest.mark.parametrize("schedule", ["auto", "ws"])  # ws: the fused combine's counters in the graph
 def test_cuda_graph_capture_and_replay_match_eager(schedule, monkeypatch):
     monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", schedule)
@@ -114,13 +126,7 @@ def test_cuda_graph_capture_and_replay_match_eager(schedule, monkeypatch):
     q, k_cache, block_table, lens = make_inputs(case)
     eager_out, eager_lse = _run(case, q, k_cache, block_table, lens)  # warms every kernel
     torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
-        g_out, g_lse = mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, case.dv, metadata,
-                                                      num_splits, causal=case.causal)
+    graph, g_out, g_lse = _capture(case, q, k_cache, block_table, lens)
     g_out.fill_(float("nan"))
     g_lse.fill_(float("nan"))
     graph.replay()
@@ -143,12 +149,7 @@ def test_graph_capture_with_fused_combine_and_small_scratch(case, monkeypatch):
     q, k_cache, block_table, lens = make_inputs(case, seed=case_seed(case))
     _run(case, q, k_cache, block_table, lens)  # warm
     torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
-        g_out, g_lse = mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, case.dv, metadata, num_splits)
+    graph, g_out, g_lse = _capture(case, q, k_cache, block_table, lens)
     ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, lens, case.dv)
     for _ in range(2):
         g_out.fill_(float("nan"))
