@@ -7,8 +7,11 @@
 // lse_accum otherwise).
 // FUSED_COMBINE (the default): no combine kernel. The CTA whose split completes a (batch, KV
 // head, row tile)'s arrival counter (DecodeParams::combine_counters, zero between launches)
-// merges that batch's splits after its main loop (combine.cuh's combine_row), and WG2 writes
-// out = 0 / lse = +inf for empty batches at the start. Saves the combine kernel's launch (host
+// merges that batch's splits after its main loop (ws_combine_batch: the freed KV stages hold
+// the split weights; combine.cuh's combine_row past kMaxSplits), and WG2 writes out = 0 /
+// lse = +inf for empty batches at the start. WG0 then stores a split piece's lse_accum, fenced,
+// before it publishes the piece's last P; the P V warpgroups fence their o_accum stores and
+// thread 128 counts the split (ws_count_split); the completing CTA reads the partials through L2. Saves the combine kernel's launch (host
 // time) and its latency-bound run after the split-KV kernel's tail. Without it the combine kernel
 // (combine.cuh) runs after this one, as for the other kernel families.
 //
@@ -47,6 +50,9 @@
 //   Named barrier 1 (WG0, 128 threads): piece start (Q's smem part rewritten only after every
 //   warp's previous S wgmma, and published before the next S), tail zeroing -> S, and S(n) of all
 //   four warps done -> P(n) stored over the rope columns that S(n) reads (d = 576).
+//   Named barrier 2 (WG1 + WG2, 256 threads): the fused combine's count (ws_count_split).
+//   After the main loop (fused combine only), WG0 drops to kRegsPV registers and every warp
+//   meets at __syncthreads before step 2.
 // Registers (setmaxnreg; counts must add up to at most the launch allocation, 3 x 168 for
 // __launch_bounds__(384, 1), or setmaxnreg.inc blocks forever): WG0 184 = R0..R23 state, S at
 // R24..R55, Q at R56..R179; WG1/WG2 160 = state + O at R24..R151. ptxas puts wgmma accumulators
