@@ -39,6 +39,11 @@ class Sm80DecodeConfig:
         return 32 * self.num_warps
 
     @property
+    def fused_combine(self) -> bool:
+        """Never: this family's splits are merged by the combine kernel."""
+        return False
+
+    @property
     def q_in_registers(self) -> bool:
         """BLOCK_M 16: Q in registers, QK split over d across 4 warps (splitkv_sm80.cuh)."""
         return self.block_m == 16

@@ -183,10 +183,10 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int, max_seq_tokens: int):
                                                           f"{family.SPLITKV}_smem_bytes", device)
     splitkv = family.launcher(cfg, arch, family.SPLITKV, device, params,
                               (parts, h_kv, -(-rows // cfg.block_m)), (threads, 1, 1), dynamic_smem=smem)
-    # Programmatic dependent launch exists from sm_90 on; below, the combine simply follows in stream order.
     row_tiles = -(-rows // cfg.block_m)
-    if getattr(cfg, "fused_combine", False):
+    if cfg.fused_combine:
         return splitkv, None, box, row_tiles
+    # Programmatic dependent launch exists from sm_90 on; below, the combine simply follows in stream order.
     combine = family.launcher(cfg, arch, family.COMBINE, device, (Blob(DECODE_PARAMS.size),),
                               (b, h_kv, -(-rows // COMBINE_ROWS_PER_CTA)), (COMBINE_THREADS, 1, 1),
                               pdl=arch.target.major >= 9)

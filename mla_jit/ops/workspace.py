@@ -20,7 +20,8 @@ import threading
 
 import torch
 
-_buffers: dict[tuple[int, int], torch.Tensor] = {}
+_buffers: dict[tuple[int, int], torch.Tensor] = {}   # float32 partials, per (device, stream)
+_counters: dict[tuple[int, int], torch.Tensor] = {}  # int32 zeros (fused-combine arrival counters)
 _lock = threading.Lock()
 
 try:
@@ -29,12 +30,10 @@ except AttributeError:  # pragma: no cover - torch without the private hook
     _capturing = torch.cuda.is_current_stream_capturing
 
 
-def _per_stream(store: dict, device_index: int, stream: int, numel: int, make) -> torch.Tensor:
-    """store[(device, stream)], replaced by make(numel) when missing or smaller than `numel`; while
-    a graph is captured, a fresh make(numel) (inside the graph's pool)."""
-    if _capturing():
-        return make(numel)
-    key = (device_index, stream)
+def _cached(store: dict, key: tuple[int, int], numel: int, like: torch.Tensor, dtype: torch.dtype,
+            zeroed: bool) -> torch.Tensor:
+    """store[key], replaced by a new buffer of max(numel, 1) elements (zeros if `zeroed`) when
+    missing or smaller than `numel`."""
     buf = store.get(key)
     if buf is None or buf.numel() < numel:
         with _lock:
@@ -42,35 +41,20 @@ def _per_stream(store: dict, device_index: int, stream: int, numel: int, make) -
             if buf is None or buf.numel() < numel:
                 # Freeing the smaller buffer is safe: the caching allocator hands it out again
                 # only to work ordered after ours on this stream, or after an event it records.
-                buf = store[key] = make(numel)
+                shape = (max(numel, 1),)
+                buf = store[key] = like.new_zeros(shape, dtype=dtype) if zeroed else like.new_empty(shape, dtype=dtype)
     return buf
-
-
-def float32_scratch(device_index: int, stream: int, numel: int, like: torch.Tensor) -> torch.Tensor:
-    """A float32 buffer of at least `numel` elements on `like`'s device (`device_index`), private
-    to work enqueued on `stream` (the caller's current stream there) in call order."""
-    return _per_stream(_buffers, device_index, stream, numel,
-                       lambda n: like.new_empty((max(n, 1),), dtype=torch.float32))
-
-
-_counters: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def zeroed_int32_counters(device_index: int, stream: int, numel: int, like: torch.Tensor) -> torch.Tensor:
-    """An int32 buffer of at least `numel` zeros on `like`'s device, private to work enqueued on
-    `stream`, which must leave it zero (the fused combine's arrival counters). Not for graph
-    capture: see decode_scratch."""
-    return _per_stream(_counters, device_index, stream, numel,
-                       lambda n: like.new_zeros((max(n, 1),), dtype=torch.int32))
 
 
 def decode_scratch(device_index: int, stream: int, accum_elems: int, counter_elems: int,
                    like: torch.Tensor) -> tuple[int, int, torch.Tensor | None]:
     """(float32 partials pointer, int32 zeroed counters pointer or 0, keep-alive) for one decode
-    call on `stream`. Outside a capture both buffers are the cached per-stream ones. While a graph
-    is captured they are one fresh allocation (counters zeroed at its end, a memset node), and
-    the caller holds the returned tensor until the kernel is enqueued: two temporaries freed
-    one after the other would be handed the same block by the graph's pool."""
+    call on `stream` (the caller's current stream on `like`'s device, `device_index`). Outside a
+    capture both buffers are the cached per-stream ones (counters: zero when allocated, and every
+    kernel using them leaves them zero). While a graph is captured they are one fresh allocation
+    (counters zeroed at its end, a memset node), and the caller holds the returned tensor until the
+    kernel is enqueued: two temporaries freed one after the other would be handed the same block
+    by the graph's pool."""
     if _capturing():
         buf = like.new_empty((max(accum_elems + counter_elems, 1),), dtype=torch.float32)
         counters_ptr = 0
@@ -78,10 +62,11 @@ def decode_scratch(device_index: int, stream: int, accum_elems: int, counter_ele
             buf[accum_elems:].zero_()  # 0.0f and int32 0 share their bits
             counters_ptr = buf.data_ptr() + 4 * accum_elems
         return buf.data_ptr(), counters_ptr, buf
-    accum_ptr = float32_scratch(device_index, stream, accum_elems, like).data_ptr()
+    key = (device_index, stream)
+    accum_ptr = _cached(_buffers, key, accum_elems, like, torch.float32, False).data_ptr()
     counters_ptr = 0
     if counter_elems:
-        counters_ptr = zeroed_int32_counters(device_index, stream, counter_elems, like).data_ptr()
+        counters_ptr = _cached(_counters, key, counter_elems, like, torch.int32, True).data_ptr()
     return accum_ptr, counters_ptr, None
 
 
