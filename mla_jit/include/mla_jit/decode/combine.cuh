@@ -31,8 +31,7 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int bi, int g
   const int nsplit = p.num_splits[bi + 1] - split_begin;
   if (nsplit == 1) return;  // written directly by the split-KV kernel
 
-  const int s = r / p.q_per_kv;
-  const int h = g * p.q_per_kv + (r - s * p.q_per_kv);
+  const auto [s, h] = query_row(p, g, r);
   Element* out = reinterpret_cast<Element*>(p.out) + ((long long)(bi * p.s_q + s) * p.h_q + h) * HEAD_DIM_V;
   float* lse_out = p.lse + ((long long)bi * p.h_q + h) * p.s_q + s;
 
@@ -160,8 +159,7 @@ __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
       acc[j * 4 + 3] += w * v.w;
     }
   }
-  const int s = r / p.q_per_kv;
-  const int h = g * p.q_per_kv + (r - s * p.q_per_kv);
+  const auto [s, h] = query_row(p, g, r);
   if (lane == 0) p.lse[((long long)bi * p.h_q + h) * p.s_q + s] = any ? lse2 * 0.69314718055994530942f : kInf;
   Element* out = reinterpret_cast<Element*>(p.out) + ((long long)(bi * p.s_q + s) * p.h_q + h) * HEAD_DIM_V;
 #pragma unroll

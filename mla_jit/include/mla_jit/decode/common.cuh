@@ -54,6 +54,16 @@ enum : int {
   kMetaBeginSplit = 4, kMetaSize = 8
 };
 
+// Query row r of KV head g (rows of a head group are s-major: r = s * q_per_kv + local head):
+// its query position s and its head in q / out.
+struct QueryRow {
+  int s, head;
+};
+__device__ __forceinline__ QueryRow query_row(const DecodeParams& p, int g, int r) {
+  const int s = r / p.q_per_kv;
+  return {s, g * p.q_per_kv + (r - s * p.q_per_kv)};
+}
+
 // Where a finished piece of batch bi goes: out / lse when the batch has a single split, else split
 // slot num_splits[bi] + local of o_accum / lse_accum (local: the CTA's first split index in its
 // first batch, 0 otherwise).
@@ -75,8 +85,7 @@ __device__ __forceinline__ PieceDest piece_dest(const DecodeParams& p, int bi, i
 __device__ __forceinline__ void store_piece_lse(const DecodeParams& p, PieceDest dest, int bi, int g, int r,
                                                 float lse2) {
   if (dest.single) {
-    const int s = r / p.q_per_kv;
-    const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+    const auto [s, head] = query_row(p, g, r);
     p.lse[((long long)bi * p.h_q + head) * p.s_q + s] = lse2 == -kInf ? kInf : lse2 * 0.69314718055994530942f;
   } else {
     p.lse_accum[((long long)dest.slot * p.h_kv + g) * p.rows + r] = lse2;

@@ -206,8 +206,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
       if (r >= p.rows) continue;
       const float inv_l = h ? inv_l1 : inv_l0;
       if (single) {
-        const int s = r / p.q_per_kv;
-        const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+        const auto [s, head] = query_row(p, g, r);
         Element* o = reinterpret_cast<Element*>(p.out) + ((long long)(cur.bi * p.s_q + s) * p.h_q + head) * DV + col_base;
 #pragma unroll
         for (int j = 0; j < size(tOrO) / 4; ++j) {
@@ -255,8 +254,7 @@ __device__ __forceinline__ void mla_splitkv_body(const DecodeParams& p, const Tm
           const int r = m_block * BM + lr;
           uint4 v = make_uint4(0u, 0u, 0u, 0u);  // padded rows are zero: no NaN from garbage
           if (r < p.rows) {
-            const int s = r / p.q_per_kv;
-            const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+            const auto [s, head] = query_row(p, g, r);
             v = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + c * 8));
           }
           *reinterpret_cast<uint4*>(&sQ(lr, c * 8)) = v;

@@ -320,8 +320,7 @@ template <typename Element, int DV, int O_NT>
 __device__ __forceinline__ void store_o_row(const DecodeParams& p, PieceDest dest, int bi, int g, int r, int col_base,
                                             const float (&o)[O_NT][4], int h, float inv_l) {
   if (dest.single) {
-    const int s = r / p.q_per_kv;
-    const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+    const auto [s, head] = query_row(p, g, r);
     Element* out = reinterpret_cast<Element*>(p.out) + ((long long)(bi * p.s_q + s) * p.h_q + head) * DV + col_base;
 #pragma unroll
     for (int nt = 0; nt < O_NT; ++nt)
@@ -404,8 +403,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
       for (int h = 0; h < 2; ++h) {
         const int r = m_block * 16 + g4 + 8 * h;
         if (r < p.rows) {
-          const int s = r / p.q_per_kv;
-          const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+          const auto [s, head] = query_row(p, g, r);
           const unsigned* qrow =
               reinterpret_cast<const unsigned*>(qb + s * p.q_stride_s + head * p.q_stride_h + 16 * warp + 2 * tq);
 #pragma unroll
@@ -682,8 +680,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
           const int r = m_block * BM + lr;
           uint4 v = make_uint4(0u, 0u, 0u, 0u);  // padded rows are zero
           if (r < p.rows) {
-            const int s = r / p.q_per_kv;
-            const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+            const auto [s, head] = query_row(p, g, r);
             v = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + c * 8));
           }
           *reinterpret_cast<uint4*>(smem + Cfg::kOffQ + swz<RC>(lr, c)) = v;

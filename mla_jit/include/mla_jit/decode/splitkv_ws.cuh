@@ -168,8 +168,7 @@ __device__ __forceinline__ void ws_store_out_row(const DecodeParams& p, const Te
                                                  int col_base) {
   using Element = typename Cfg::Element;
   constexpr int DV = Cfg::HEAD_DIM_V;
-  const int s = r / p.q_per_kv;
-  const int head = (int)blockIdx.y * p.q_per_kv + (r - s * p.q_per_kv);
+  const auto [s, head] = query_row(p, (int)blockIdx.y, r);
   Element* o = reinterpret_cast<Element*>(p.out) + (((bi * p.s_q + s) * p.h_q + head) * DV + col_base);
 #pragma unroll
   for (int j = 0; j < cute::size(tOrO) / 4; ++j) {
@@ -240,8 +239,8 @@ __device__ __forceinline__ void ws_combine_batch(const DecodeParams& p, int bi, 
     const bool any = sum > 0.f;  // else no split saw a key for the row: out = 0, lse = +inf
     const float lse2 = any ? mx_use + log2f(sum) : kInf;
     for (int i = 0; i < nsplit; ++i) wts[i * BM + tid] = any ? exp2f(wts[i * BM + tid] - lse2) : 0.f;
-    const int r = row_base + tid, s = r / p.q_per_kv;
-    const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+    const int r = row_base + tid;
+    const auto [s, head] = query_row(p, g, r);
     p.lse[(bi * p.h_q + head) * p.s_q + s] = any ? lse2 * 0.69314718055994530942f : kInf;
   }
   __syncthreads();
@@ -283,8 +282,8 @@ __device__ __forceinline__ void ws_combine_batch(const DecodeParams& p, int bi, 
     for (int c = 0; c < kC; ++c) {
       const int chunk = base + c * NT;
       if (chunk >= nchunks) continue;
-      const int r = row_base + chunk / kRowChunks, s = r / p.q_per_kv;
-      const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+      const int r = row_base + chunk / kRowChunks;
+      const auto [s, head] = query_row(p, g, r);
       Element* o = reinterpret_cast<Element*>(p.out) + ((bi * p.s_q + s) * p.h_q + head) * DV + (chunk % kRowChunks) * 4;
       uint2 packed;
       packed.x = ElemTraits<Element>::pack2(acc[c].x, acc[c].y);
@@ -309,15 +308,13 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
     for (int idx = tid_wg; idx < BM * kChunks; idx += 128) {
       const int r = m_block * BM + idx / kChunks;
       if (r >= p.rows) break;
-      const int s = r / p.q_per_kv;
-      const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+      const auto [s, head] = query_row(p, g, r);
       Element* o = reinterpret_cast<Element*>(p.out) + ((bi * p.s_q + s) * p.h_q + head) * DV;
       reinterpret_cast<uint4*>(o)[idx % kChunks] = make_uint4(0u, 0u, 0u, 0u);
     }
     const int r = m_block * BM + tid_wg;
     if (tid_wg < BM && r < p.rows) {
-      const int s = r / p.q_per_kv;
-      const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+      const auto [s, head] = query_row(p, g, r);
       p.lse[(bi * p.h_q + head) * p.s_q + s] = kInf;
     }
   }
@@ -574,8 +571,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         for (int h = 0; h < 2; ++h) {
           const int r = m_block * BM + row0 + 8 * h;
           qok[h] = r < p.rows;  // padded rows are zero: no NaN from garbage
-          const int s = r / p.q_per_kv;
-          const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+          const auto [s, head] = query_row(p, g, r);
           qrow[h] = qb + s * p.q_stride_s + head * p.q_stride_h + col_lane;
         }
 #pragma unroll
@@ -593,8 +589,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
           const int r = m_block * BM + lr;
           uint4 v = make_uint4(0u, 0u, 0u, 0u);
           if (r < p.rows) {
-            const int s = r / p.q_per_kv;
-            const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+            const auto [s, head] = query_row(p, g, r);
             v = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + kQRegCols + c * 8));
           }
           detail::st_shared_v4(smem_addr(ss.q16) + lr * 32 + ((c ^ ((lr / 4) % 2)) << 4), v);
@@ -607,8 +602,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
             const int r = m_block * BM + lr;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
             if (r < p.rows) {
-              const int s = r / p.q_per_kv;
-              const int head = g * p.q_per_kv + (r - s * p.q_per_kv);
+              const auto [s, head] = query_row(p, g, r);
               v = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + DV + c * 8));
             }
             detail::st_shared_v4(q_rope + detail::sw128_offset<BM>(lr, c * 8), v);
