@@ -49,6 +49,21 @@ def test_changed_header_changes_key(tmp_path):
     assert cache_key.header_digest(source, include) == cache_key.header_digest(source, include)
 
 
+def test_header_included_by_relative_path_is_part_of_the_key(tmp_path):
+    """splitkv_ws.cuh includes its siblings as "common.cuh": an edit there (or in what it includes)
+    must change the key of every decode kernel built from it."""
+    include = tmp_path / "include"
+    shutil.copytree(REPO / "mla_jit" / "include", include)
+    source = '#include "mla_jit/decode/splitkv_ws.cuh"\n'
+    reached = dict(cache_key._reachable_headers(source, include))
+    assert {"mla_jit/decode/common.cuh", "mla_jit/decode/combine.cuh", "mla_jit/common/sm90.cuh"} <= set(reached)
+    before = cache_key.header_digest(source, include)
+    header = include / "mla_jit" / "decode" / "common.cuh"
+    header.write_text(header.read_text() + "\n// changed\n")
+    cache_key.clear_memo()
+    assert cache_key.header_digest(source, include) != before
+
+
 def test_relocated_package_gives_the_same_key(tmp_path):
     shutil.copytree(REPO / "mla_jit", tmp_path / "mla_jit", ignore=shutil.ignore_patterns("__pycache__"))
     code = textwrap.dedent("""

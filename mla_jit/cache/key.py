@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import posixpath
 import re
 from pathlib import Path
 
 from ..jit import paths
 
 KEY_SCHEMA = "mla_jit-cache-v1"
-_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.MULTILINE)
 
 
 @functools.lru_cache(maxsize=None)
-def _own_header(include_dir: Path, rel: str) -> tuple[str, tuple[str, ...]] | None:
-    """(sha256, includes) of one of our headers, or None if `rel` is not ours (CUTLASS, CCCL)."""
+def _own_header(include_dir: Path, rel: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """(sha256, includes as (delimiter, name)) of one of our headers, or None if `rel` is not ours
+    (CUTLASS, CCCL)."""
     path = include_dir / rel
     if not path.is_file():
         return None
@@ -27,10 +29,20 @@ def _own_header(include_dir: Path, rel: str) -> tuple[str, tuple[str, ...]] | No
     return hashlib.sha256(text.encode()).hexdigest(), tuple(_INCLUDE_RE.findall(text))
 
 
+def _resolve(include_dir: Path, includer: str | None, delim: str, name: str) -> str:
+    """The include-dir-relative path the compiler opens for `#include <delim>name` in `includer`
+    (None: the rendered source): a quoted name is looked up next to its includer first."""
+    if delim == '"' and includer is not None:
+        sibling = posixpath.normpath(posixpath.join(posixpath.dirname(includer), name))
+        if (include_dir / sibling).is_file():
+            return sibling
+    return name
+
+
 def _reachable_headers(source: str, include_dir: Path) -> list[tuple[str, str]]:
     """(relative path, sha256) of every header of ours that `source` includes, transitively."""
     seen: dict[str, str] = {}
-    stack = list(_INCLUDE_RE.findall(source))
+    stack = [_resolve(include_dir, None, d, n) for d, n in _INCLUDE_RE.findall(source)]
     while stack:
         rel = stack.pop()
         if rel in seen:
@@ -39,7 +51,7 @@ def _reachable_headers(source: str, include_dir: Path) -> list[tuple[str, str]]:
         if info is None:
             continue
         seen[rel] = info[0]
-        stack.extend(info[1])
+        stack.extend(_resolve(include_dir, rel, d, n) for d, n in info[1])
     return sorted(seen.items())
 
 
