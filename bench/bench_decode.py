@@ -103,9 +103,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=len(ANCHOR_ROWS))
     parser.add_argument("--arch", help="kernel family tuning, e.g. sm_80 or sm_89 (sets MLA_JIT_ARCH); "
                         "default: the GPU's own")
-    parser.add_argument("--schedule", choices=("baseline", "ws", "ws_unfused"),
+    parser.add_argument("--schedule", choices=("baseline", "ws", "ws_unfused", "seesaw"),
                         help="sm90 split-KV schedule (sets MLA_JIT_SM90_DECODE_SCHEDULE)")
-    parser.add_argument("--against", choices=("baseline", "ws", "ws_unfused"),
+    parser.add_argument("--against", choices=("baseline", "ws", "ws_unfused", "seesaw"),
                         help="also time this sm90 schedule, interleaved with the first, and print the ratio")
     args = parser.parse_args()
     if args.arch:

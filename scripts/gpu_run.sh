@@ -28,7 +28,7 @@ python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache --arch sm_80
 status=0
 if [ -z "${SKIP_MAIN_TESTS:-}" ]; then
   # A protocol bug in a kernel shows up as a hang, which no in-process timeout can interrupt.
-  timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -q -m gpu -p no:cacheprovider -k "not baseline_schedule" "$@" \
+  timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -q -m gpu -p no:cacheprovider -k "not baseline_schedule and not seesaw_schedule" "$@" \
     tests 2>&1 | tee "$OUT/pytest.log" | tail -n 60
   status=${PIPESTATUS[0]}
 fi
@@ -37,6 +37,18 @@ if [ -n "${BASELINE:-}" ]; then
   timeout 240 python3 -m pytest -q --maxfail=6 -m gpu -p no:cacheprovider -k baseline_schedule \
     tests/test_gpu_decode.py 2>&1 | tee "$OUT/pytest_baseline.log" | tail -n 15
   echo "baseline schedule exit status: ${PIPESTATUS[0]}"
+fi
+# The seesaw sm90 schedule (experimental), under its own time limit.
+if [ -n "${SEESAW:-}" ]; then
+  python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache \
+    --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=64,${cfg/num_stages=3,schedule=ws/num_stages=2,schedule=seesaw}" \
+    --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=16,${cfg/num_stages=3,schedule=ws/num_stages=2,schedule=seesaw}" \
+    --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=256,${cfg/num_stages=3,schedule=ws/num_stages=2,schedule=seesaw}" \
+    --config "mla_decode_sm90:dtype=fp16,head_dim=576,page_size=64,${cfg/num_stages=3,schedule=ws/num_stages=2,schedule=seesaw}" \
+    --config "mla_decode_sm90:dtype=bf16,head_dim=512,page_size=64,${cfg/num_stages=3,schedule=ws/num_stages=2,schedule=seesaw}" 2>&1 | tail -n 1
+  timeout "${SEESAW_TIMEOUT:-240}" python3 -m pytest -q --maxfail=6 -m gpu -p no:cacheprovider -k seesaw_schedule \
+    tests/test_gpu_decode.py 2>&1 | tee "$OUT/pytest_seesaw.log" | tail -n 15
+  echo "seesaw schedule exit status: ${PIPESTATUS[0]}"
 fi
 if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
   # A few decode cases (paged tails with NaN, zero lengths, page 16/256, d=512) under memcheck.

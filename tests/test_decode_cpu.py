@@ -28,7 +28,8 @@ def test_every_supported_config_renders():
     for dtype, (d, dv), page in itertools.product(("bf16", "fp16"), SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES):
         for schedule, struct, tail, combine in (("ws", "SplitKVWsConfig", "3, true>", False),
                                                 ("ws_unfused", "SplitKVWsConfig", "3, false>", True),
-                                                ("baseline", "SplitKVConfig", "2>", True)):
+                                                ("baseline", "SplitKVConfig", "2>", True),
+                                                ("seesaw", "SplitKVSeesawConfig", "2>", True)):
             cfg = decode_config(dtype, d, dv, page, SM90.tuning, schedule)
             src = family.source(cfg, SM90)
             assert f"{struct}<cutlass::{'bfloat16_t' if dtype == 'bf16' else 'half_t'}, {d}, {dv}," in src.source
@@ -37,7 +38,7 @@ def test_every_supported_config_renders():
             assert ("mla_jit_decode_combine(" in src.source) == combine
             assert family.entry_points(cfg)[1:] == (("mla_jit_decode_combine",) if combine else ())
             names.add(src.name)
-    assert len(names) == 3 * 2 * len(SUPPORTED_HEAD_DIMS) * len(SUPPORTED_PAGE_SIZES)
+    assert len(names) == 4 * 2 * len(SUPPORTED_HEAD_DIMS) * len(SUPPORTED_PAGE_SIZES)
     assert decode_config("bf16", 576, 512, 64, SM90.tuning).schedule == "ws"  # the default
 
 
@@ -77,15 +78,17 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning)),
                              ("mla_decode_sm90", decode_config("bf16", 512, 512, 16, SM90.tuning)),
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused")),
-                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "baseline"))):
+                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "baseline")),
+                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "seesaw"))):
         family = registry.get(family_name)
         binary = build(family.source(cfg, SM90))
         for entry in family.entry_points(cfg):
             report = binary.log.split(f"Function properties for {entry}")[1].splitlines()[1]
             assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
-        # ptxas's wgmma advisories: C7517 (a warpgroup.wait it had to inject), C7518 (every wgmma
-        # serialized). Either one costs a large part of the kernel's speed.
-        assert "C7517" not in binary.log and "C7518" not in binary.log, binary.log
+        # ptxas's wgmma advisories: C7517 (a warpgroup.wait it had to inject), C7518 / C7520 (every
+        # wgmma serialized, for a wait or an arrive it put in a divergent path). Any one costs a
+        # large part of the kernel's speed.
+        assert not any(code in binary.log for code in ("C7517", "C7518", "C7520")), binary.log
         assert b"mla_jit_decode_splitkv_smem_bytes" in binary.cubin or family_name == "mla_metadata"
 
 

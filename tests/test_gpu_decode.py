@@ -261,6 +261,54 @@ def test_baseline_schedule_matches_reference(case, monkeypatch):
     _check_case(case)
 
 
+@pytest.mark.parametrize("case", [DecodeCase(1, 1, s_k, 16) for s_k in (1, 63, 64, 65, 128, 129, 192)]
+                         + [DecodeCase(1, 2, 300, 128, 1, False, True), DecodeCase(3, 1, 9000, 64, 1, True, False),
+                            DecodeCase(128, 1, 4096, 16, 1, True, False, zero_lens=True),
+                            DecodeCase(2, 4, 16384, 128, 1, True, True, page=16),
+                            DecodeCase(4, 1, 8192, 63, 1, True, False, zero_lens=True),
+                            DecodeCase(1024, 4, 64, 128, 1, True, True)]
+                         + _sm80_grid(), ids=str)
+def test_seesaw_schedule_matches_reference(case, monkeypatch):
+    """The two-S-warpgroup sm90 schedule (MLA_JIT_SM90_DECODE_SCHEDULE=seesaw): tiles alternate
+    between two math warpgroups, one-tile pieces, pieces that start on either warpgroup."""
+    monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", "seesaw")
+    _check_case(case)
+
+
+def _growing_scores_inputs(case: DecodeCase, rise: float):
+    """Seeded inputs whose q . k grows along each sequence by about `rise` (natural units, at
+    softmax_scale 1): q and every key get a shared direction, keys in proportion to their position.
+    The running row max then moves many times, across tiles and splits."""
+    q, k_cache, block_table, lens = make_inputs(case, seed=case_seed(case))
+    u = torch.full((case.d,), case.d ** -0.5, device="cuda")
+    q = (q.float() + 4.0 * u).to(case.dtype)
+    flat = k_cache.view(-1, case.h_kv, case.d)  # NaN slots stay NaN
+    for i in range(case.b):
+        n = int(lens[i])
+        t = torch.arange(n, device="cuda")
+        phys = block_table[i, t // case.page].long() * case.page + t % case.page
+        ramp = (rise / 4.0) * t.float() / max(n, 1)
+        flat[phys] = (flat[phys].float() + ramp[:, None, None] * u).to(case.dtype)
+    return q, k_cache, block_table, lens
+
+
+@pytest.mark.parametrize("schedule", ["auto", "ws_unfused", "seesaw"])
+@pytest.mark.parametrize("case", [DecodeCase(3, 1, 5000, 64, 1, True, False), DecodeCase(2, 2, 3000, 128, 1, False, True),
+                                  DecodeCase(5, 1, 700, 16, 1, True, False, page=16)], ids=str)
+def test_scores_growing_along_the_sequence(schedule, case, monkeypatch):
+    """The online softmax's rescaling paths (a row max that keeps growing, by 60 natural units over
+    a sequence) against the reference, with an explicit softmax_scale of 1."""
+    monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", schedule)
+    q, k_cache, block_table, lens = _growing_scores_inputs(case, rise=60.0)
+    metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
+    out, lse = mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, case.dv, metadata, num_splits,
+                                              softmax_scale=1.0, causal=case.causal)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, lens, case.dv, softmax_scale=1.0,
+                                            causal=case.causal)
+    assert_decode_close(out, lse, ref_out, ref_lse)
+
+
 def test_fused_combine_leaves_its_counters_zero(monkeypatch):
     """The fused combine's arrival counters (one per batch, KV head and row tile) are zero again
     after every call: the next call on the stream relies on it. Many splits per batch, two row

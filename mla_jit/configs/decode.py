@@ -73,7 +73,8 @@ class DecodeConfig:
     block_n: int
     num_stages: int
     # "ws": S/softmax warpgroup + two P V warpgroups (splitkv_ws.cuh), splits merged in the kernel;
-    # "ws_unfused": the same with the combine kernel; "baseline": the first kernel (splitkv.cuh).
+    # "ws_unfused": the same with the combine kernel; "baseline": the first kernel (splitkv.cuh);
+    # "seesaw": two S/softmax warpgroups taking turns (splitkv_seesaw.cuh, experimental).
     schedule: str = "ws"
 
     @property
@@ -121,7 +122,8 @@ def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, ar
     # baseline: Q (64 x d) + 2 KV stages (64 x d each) fill Hopper's 227 KB; 3 do not fit at d=576.
     # ws: Q[:, :dv] lives in registers and P in each stage's rope columns (or an 8 KB buffer per
     # stage at d=dv), so 3 stages fit (224 KB at d=576, 216 KB at d=512).
-    num_stages = 2 if schedule == "baseline" else 3
+    # seesaw: Q (64 x d) in smem for both S warpgroups, so 2 stages.
+    num_stages = 2 if schedule in ("baseline", "seesaw") else 3
     return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=num_stages,
                         schedule=schedule)
 

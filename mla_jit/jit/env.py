@@ -42,7 +42,8 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("MLA_JIT_SM90_DECODE_SCHEDULE", "auto",
            "sm90 split-KV schedule: auto (ws or ws_unfused by shape), ws (one S/softmax warpgroup, two "
            "P V warpgroups, splits merged in the kernel), ws_unfused (the same with a separate combine "
-           "kernel) or baseline (the first two-warpgroup kernel, kept for comparison)."),
+           "kernel), baseline (the first two-warpgroup kernel, kept for comparison) or seesaw "
+           "(experimental: two S/softmax warpgroups taking turns, Q in smem, 2 stages)."),
 ]}
 
 
@@ -112,7 +113,7 @@ def effective() -> dict[str, str]:
     return {name: _raw(name) for name in ENV_VARS}
 
 
-SM90_DECODE_SCHEDULES = ("auto", "ws", "ws_unfused", "baseline")
+SM90_DECODE_SCHEDULES = ("auto", "ws", "ws_unfused", "baseline", "seesaw")
 
 
 def sm90_decode_schedule() -> str:

@@ -56,6 +56,21 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) {
       : "memory");
 }
 
+// Non-blocking: whether the phase with parity `phase` of the mbarrier has completed.
+__device__ __forceinline__ bool mbarrier_ready(uint64_t* bar, uint32_t phase) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 done, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, done;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(phase)
+      : "memory");
+  return done != 0;
+}
+
 // 2D tiled TMA load of box (c0, c1) (innermost coordinate first) into shared memory.
 __device__ __forceinline__ void tma_load_2d(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar,
                                             int32_t c0, int32_t c1) {
@@ -78,6 +93,11 @@ __device__ __forceinline__ void tma_load_3d(void* smem_dst, const TmaDescriptor*
 // Named barrier among `count` threads (a multiple of 32). Id 0 is __syncthreads'.
 __device__ __forceinline__ void named_barrier_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
+// Arrive on a named barrier without waiting (the producer side of a bar.arrive / bar.sync pair).
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
 // Programmatic dependent launch: a secondary grid may start early; it must wait here before

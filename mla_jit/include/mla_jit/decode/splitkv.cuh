@@ -13,58 +13,23 @@
 // so every KV byte crosses HBM once per CTA.
 #pragma once
 
-#include "common.cuh"
+#include "sm90_tiles.cuh"
 
 namespace mla_jit {
 namespace decode {
 
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
           int BLOCK_N_ = 64, int NUM_STAGES_ = 2>
-struct SplitKVConfig {
+struct SplitKVConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_> {
   using Element = Element_;
   static constexpr int HEAD_DIM = HEAD_DIM_;
-  static constexpr int HEAD_DIM_V = HEAD_DIM_V_;
-  static constexpr int PAGE_SIZE = PAGE_SIZE_;
   static constexpr int BLOCK_M = BLOCK_M_;
   static constexpr int BLOCK_N = BLOCK_N_;
   static constexpr int NUM_STAGES = NUM_STAGES_;
   static constexpr int NUM_THREADS = 256;
 
-  static_assert(BLOCK_M == 64, "one wgmma M tile per warpgroup");
-  static_assert(BLOCK_N == 64, "tile = 64 tokens (metadata block_n must match)");
-  static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM_V % 128 == 0 && HEAD_DIM_V <= HEAD_DIM, "dims");
-  static_assert(HEAD_DIM_V / 2 <= 256, "each warpgroup owns HEAD_DIM_V/2 <= 256 output columns");
-  static_assert(PAGE_SIZE >= 16 && PAGE_SIZE <= 256 && (PAGE_SIZE & (PAGE_SIZE - 1)) == 0, "page");
-  static_assert(cute::is_same_v<Element, cutlass::bfloat16_t> || cute::is_same_v<Element, cutlass::half_t>,
-                "bf16 or fp16");
-
-  // TMA box: 64 columns (= 128 B, the SWIZZLE_128B span) x 1 head x kBoxRows tokens.
-  static constexpr int kBoxCols = 64;
-  static constexpr int kBoxRows = PAGE_SIZE < BLOCK_N ? PAGE_SIZE : BLOCK_N;
-  static constexpr int kPagesPerTile = BLOCK_N / kBoxRows;  // 1 when a page holds >= 1 tile
-  static constexpr int kColChunks = HEAD_DIM / kBoxCols;
-
-  // All operand tiles are K-major with the 128B swizzle: atoms of 8 rows x 64 columns, stacked
-  // row-major-of-atoms so that each 64-column chunk is a contiguous (rows x 128 B) slab, which is
-  // exactly what one TMA box writes.
-  using SwAtom = decltype(cute::GMMA::Layout_K_SW128_Atom<Element>{});
-  using SmemLayoutQ = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_M>, cute::Int<HEAD_DIM>>{}));
-  using SmemLayoutK = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_N>, cute::Int<HEAD_DIM>>{}));
-  using SmemLayoutP = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>>{}));
-  // V half seen as the (dv/2, tokens) B operand: MN-major view of the same K-major bytes.
-  using SmemLayoutVHalf =
-      decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_N>, cute::Int<HEAD_DIM_V / 2>>{}));
-  using SmemLayoutVtHalf = decltype(cute::composition(
-      SmemLayoutVHalf{},
-      cute::make_layout(cute::Shape<cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>{}, cute::GenRowMajor{})));
-
-  using TiledMmaS = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<HEAD_DIM>>>()));
-  using TiledMmaO = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+  static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM_V_ % 128 == 0 && HEAD_DIM_V_ <= HEAD_DIM, "dims");
+  static_assert(HEAD_DIM_V_ / 2 <= 256, "each warpgroup owns HEAD_DIM_V/2 <= 256 output columns");
 
   struct SharedStorage {
     alignas(1024) Element q[BLOCK_M * HEAD_DIM];
@@ -79,9 +44,6 @@ struct SplitKVConfig {
   // +1024: the kernel rounds the dynamic smem base up to the 1024 B swizzle period.
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (reduce NUM_STAGES)");
-
-  static constexpr unsigned kTileBytes = BLOCK_N * HEAD_DIM * sizeof(Element);
-  static constexpr unsigned kPageBytes = kBoxRows * HEAD_DIM * sizeof(Element);
 };
 
 

@@ -60,23 +60,12 @@
 #pragma once
 
 #include "combine.cuh"
-#include "common.cuh"
+#include "sm90_tiles.cuh"
 
 namespace mla_jit {
 namespace decode {
 
 namespace detail {
-
-// setmaxnreg (sm_90a): the warpgroup's per-thread register count becomes N. .inc blocks until
-// the registers released by .dec of other warpgroups are available.
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
 
 // x through an opaque move: addresses derived from it in a loop are not hoisted out of the
 // enclosing loop (a table of loop-invariant swizzled addresses would cost registers WG0 lacks).
@@ -84,42 +73,6 @@ __device__ __forceinline__ int ws_opaque(int x) {
   int y;
   asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
   return y;
-}
-
-// Byte offset of element (r, c) (16-bit elements) in a K-major tile stored as 64-column slabs of
-// rows x 128 B with the 128B swizzle (CuTe's Layout_K_SW128_Atom tiled over the rows, slabs
-// `rows` apart): the 16 B chunk index c/8 within a 128 B row is XORed with r % 8. Used instead of
-// CuTe's swizzled smem tensors for the generic-proxy stores, whose integer pointer swizzling loses
-// the shared address space (64-bit generic stores and address registers).
-template <int kRows>
-__device__ __forceinline__ uint32_t sw128_offset(int r, int c) {
-  return uint32_t((c / 64) * kRows * 128 + r * 128 + ((((c / 8) % 8) ^ (r % 8)) << 4) + (c % 8) * 2);
-}
-// 2^x with the MUFU instruction alone (flushes results below 2^-126 to 0, ~2 ulp): the accurate
-// exp2f adds a denormal-scaling sequence and temporaries per element, and WG0 is register-bound.
-__device__ __forceinline__ float ex2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-// log2(x) and 1/x with the MUFU instructions alone (~2^-22 relative error): the accurate log2f's
-// polynomial and the IEEE division's slow-path call need registers the (register-bound) WG0 lacks.
-__device__ __forceinline__ float lg2_approx(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float rcp_approx(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
 }
 
 // What the P V warpgroups learn about a tile besides P and the row scale (WG0 owns the walk).
@@ -324,11 +277,11 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
           int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true>
-struct SplitKVWsConfig {
+struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_> {
+  using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_>;
   using Element = Element_;
   static constexpr int HEAD_DIM = HEAD_DIM_;
   static constexpr int HEAD_DIM_V = HEAD_DIM_V_;
-  static constexpr int PAGE_SIZE = PAGE_SIZE_;
   static constexpr int BLOCK_M = BLOCK_M_;
   static constexpr int BLOCK_N = BLOCK_N_;
   static constexpr int NUM_STAGES = NUM_STAGES_;
@@ -343,14 +296,9 @@ struct SplitKVWsConfig {
   static constexpr int kRegsPV = 160;
   static_assert(kRegsS + 2 * kRegsPV <= 3 * 168 && kRegsS % 8 == 0 && kRegsPV % 8 == 0, "setmaxnreg");
 
-  static_assert(BLOCK_M == 64, "one wgmma M tile per warpgroup");
-  static_assert(BLOCK_N == 64, "tile = 64 tokens (metadata block_n must match)");
   static_assert(HEAD_DIM_V == 512, "Q[:, :DV - 16] in registers (124 regs / thread), two O halves of 256");
   static_assert(HEAD_DIM == HEAD_DIM_V || HEAD_DIM == HEAD_DIM_V + 64, "rope part: none or 64 columns");
-  static_assert(PAGE_SIZE >= 16 && PAGE_SIZE <= 256 && (PAGE_SIZE & (PAGE_SIZE - 1)) == 0, "page");
   static_assert(NUM_STAGES >= 2, "stages");
-  static_assert(cute::is_same_v<Element, cutlass::bfloat16_t> || cute::is_same_v<Element, cutlass::half_t>,
-                "bf16 or fp16");
 
   // Q[:, :kQRegCols] is the register A operand of S: 124 registers. Not all 128 of Q[:, :DV]: the
   // wgmma accumulator of a warpgroup sits at R24 upwards and ptxas needs its highest register
@@ -362,27 +310,9 @@ struct SplitKVWsConfig {
   // aux: Q rope (BLOCK_M x 64) when kPInRope, else one P tile (BLOCK_M x BLOCK_N) per stage.
   static constexpr int kAuxElems = kPInRope ? BLOCK_M * 64 : NUM_STAGES * BLOCK_M * BLOCK_N;
 
-  // TMA box: 64 columns (= 128 B, the SWIZZLE_128B span) x 1 head x kBoxRows tokens.
-  static constexpr int kBoxCols = 64;
-  static constexpr int kBoxRows = PAGE_SIZE < BLOCK_N ? PAGE_SIZE : BLOCK_N;
-  static constexpr int kPagesPerTile = BLOCK_N / kBoxRows;  // 1 when a page holds >= 1 tile
-  static constexpr int kColChunks = HEAD_DIM / kBoxCols;
-
-  // K-major tiles with the 128B swizzle, each 64-column chunk a contiguous (rows x 128 B) slab
-  // (what one TMA box writes). Chunk c of a K tile starts at element c * BLOCK_N * 64.
-  using SwAtom = decltype(cute::GMMA::Layout_K_SW128_Atom<Element>{});
-  using SmemLayoutK = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_N>, cute::Int<HEAD_DIM>>{}));
-  // One 64 x 64 slab: Q rope, K rope, P.
-  using SmemLayoutSlab = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<64>, cute::Int<64>>{}));
   // Q[:, kQRegCols:DV]: 64 x 16, K-major with the 32B swizzle.
   using SmemLayoutQ16 = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW32_Atom<Element>{},
                                                      cute::Shape<cute::Int<BLOCK_M>, cute::Int<16>>{}));
-  using SmemLayoutVHalf =
-      decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_N>, cute::Int<HEAD_DIM_V / 2>>{}));
-  // V half seen as the (dv/2, tokens) B operand: MN-major view of the same K-major bytes.
-  using SmemLayoutVtHalf = decltype(cute::composition(
-      SmemLayoutVHalf{},
-      cute::make_layout(cute::Shape<cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>{}, cute::GenRowMajor{})));
 
   // S, register part: A = Q[:, :kQRegCols] from registers, B = K from smem.
   using TiledMmaSRs = decltype(cute::make_tiled_mma(
@@ -392,10 +322,6 @@ struct SplitKVWsConfig {
   using TiledMmaSSs = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<64>>>()));
-  using TiledMmaO = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
 
   struct SharedStorage {
     alignas(1024) Element kv[NUM_STAGES][BLOCK_N * HEAD_DIM];
@@ -416,16 +342,8 @@ struct SplitKVWsConfig {
     uint64_t p_full[NUM_STAGES];               // WG0 wrote P / row_scale / info (4 warp arrivals)
     uint64_t pv_done[NUM_STAGES];              // WG1 + WG2 finished P V (8 warp arrivals)
   };
-  // +1024 where it fits: the kernel rounds the dynamic smem base up to the 1024 B swizzle period.
-  // At d = 576 with 3 stages it does not (sizeof == 227 KB): the kernel then requires the base to
-  // be 1024-aligned (it is: dynamic smem starts right after the 1 KB reserved block when there is
-  // no static smem) and traps otherwise instead of corrupting the swizzle.
-  static constexpr int kSmemSlack = int(sizeof(SharedStorage)) + 1024 <= 227 * 1024 ? 1024 : 0;
-  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + kSmemSlack;
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget (reduce NUM_STAGES)");
-
-  static constexpr unsigned kTileBytes = BLOCK_N * HEAD_DIM * sizeof(Element);
-  static constexpr unsigned kPageBytes = kBoxRows * HEAD_DIM * sizeof(Element);
+  // At d = 576 with 3 stages the +1024 alignment slack does not fit (see Sm90SmemSize).
+  static constexpr int kSmemBytes = Sm90SmemSize<SharedStorage>::kBytes;
 };
 
 template <typename Cfg>
@@ -438,15 +356,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
   constexpr int kBarWG0 = 1;  // named barrier among WG0's 128 threads (0 is __syncthreads')
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // Round up to the swizzle period by pointer arithmetic on smem_raw (not through an integer), so
-  // that the compiler keeps the shared address space (32-bit ld/st.shared, not generic 64-bit).
-  unsigned char* smem_base = smem_raw;
-  if constexpr (Cfg::kSmemSlack != 0) {
-    smem_base += (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
-  } else {
-    if (smem_addr(smem_raw) & 1023u) __trap();  // no room to realign (see kSmemSlack)
-  }
-  SS& ss = *reinterpret_cast<SS*>(smem_base);
+  SS& ss = detail::aligned_shared_storage<SS>(smem_raw);
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -623,13 +533,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         // Tail tile: rows >= L were not loaded (other pages) or hold data past the sequence
         // end (possibly NaN). Zero them (all columns: WG1/WG2 read the V part) so that neither
         // S nor P V can pick up NaN.
-        constexpr int kChunks = D / 8;
-        const int v0 = cur.L - cur.tok;
-#pragma unroll 1
-        for (int idx = tw; idx < (BN - v0) * kChunks; idx += 128) {
-          const int lr = v0 + idx / kChunks, c = idx % kChunks;
-          detail::st_shared_v4(smem_addr(kv) + detail::sw128_offset<BN>(lr, c * 8), make_uint4(0u, 0u, 0u, 0u));
-        }
+        detail::zero_rows_from<BN, D>(smem_addr(kv), cur.L - cur.tok, tw);
         fence_proxy_async_shared();
         named_barrier_sync(kBarWG0, 128);
       }
@@ -672,40 +576,18 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1.
       int lim[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = m_block * BM + row0 + 8 * h;
-        lim[h] = p.causal ? min(cur.L, cur.L - p.s_q + r / p.q_per_kv + 1) : cur.L;
-      }
-      if (cur.tok + BN > min(lim[0], lim[1])) {
-#pragma unroll
-        for (int i = 0; i < size(tSrS); ++i) {
-          const int t = cur.tok + (i / 4) * 8 + col_lane + (i & 1);
-          if (t >= lim[(i >> 1) & 1]) tSrS(i) = -kInf;
-        }
-      }
+      for (int h = 0; h < 2; ++h) lim[h] = detail::visible_keys(p, cur.L, m_block * BM + row0 + 8 * h);
+      detail::mask_invisible(tSrS, cur.tok, col_lane, lim);
       // ---- online softmax (log2 domain) ----
       float sc[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float mx = -kInf;
-#pragma unroll
-        for (int j = 0; j < size(tSrS) / 4; ++j) mx = fmaxf(mx, fmaxf(tSrS(j * 4 + h * 2), tSrS(j * 4 + h * 2 + 1)));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mx = detail::row_max(tSrS, h);
         const float m_new = fmaxf(m_run[h], mx * p.scale_log2);
         const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
         sc[h] = detail::ex2_approx(m_run[h] - m_use);
         m_run[h] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < size(tSrS) / 4; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = tSrS(j * 4 + h * 2 + e);
-            x = detail::ex2_approx(fmaf(x, p.scale_log2, -m_use));
-            sum += x;
-          }
-        }
+        const float sum = detail::exp2_row(tSrS, h, p.scale_log2, m_use);
         l_run[h] = l_run[h] * sc[h] + sum;
       }
 
@@ -738,20 +620,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       } else {
         pbuf = ss.aux + stage * (BM * BN);
       }
-      {
-        // Row row0 + 8h, columns 8j + col_lane + {0, 1}: swizzled 16 B chunk j ^ (row0 % 8).
-        const uint32_t prow = smem_addr(pbuf) + row0 * 128 + col_lane * 2;
-        const int rx = row0 % 8;
-#pragma unroll
-        for (int j = 0; j < size(tSrS) / 4; ++j) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int i = j * 4 + h * 2;
-            detail::st_shared_u32(prow + h * 8 * 128 + ((j ^ rx) << 4),
-                                  ElemTraits<Element>::pack2(tSrS(i), tSrS(i + 1)));
-          }
-        }
-      }
+      detail::store_p_slab<Element>(smem_addr(pbuf), row0, col_lane, tSrS);
       if ((tw & 3) == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) ss.row_scale[stage][row0 + 8 * h] = sc[h];
@@ -821,7 +690,6 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     }
 
     typename Cfg::TiledMmaO mma_o;
-    auto thr_o = mma_o.get_thread_slice(tid_wg);
     Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<BM>, Int<DV / 2>>{});
 #pragma unroll
     for (int i = 0; i < size(tOrO); ++i) tOrO(i) = 0.f;
@@ -843,21 +711,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       } else {
         pbuf = ss.aux + stage * (BM * BN);
       }
-      Tensor sP = make_tensor(make_smem_ptr(pbuf), typename Cfg::SmemLayoutSlab{});
-      Tensor tOrP = thr_o.partition_fragment_A(sP);
-      Tensor sVt = make_tensor(make_smem_ptr(kv + half * (DV / 2) * BN), typename Cfg::SmemLayoutVtHalf{});
-      Tensor tOrV = thr_o.partition_fragment_B(sVt);
-      warpgroup_fence_operand(tOrO);
-      warpgroup_arrive();
-      // No explicit clear of O between pieces: a loop-carried select between O and zeros makes
-      // the compiler keep two copies of the 128 accumulator registers.
-      mma_o.accumulate_ = fresh ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-#pragma unroll
-      for (int k = 0; k < size<2>(tOrP); ++k) {
-        gemm(mma_o, tOrP(_, _, k), tOrV(_, _, k), tOrO);
-        mma_o.accumulate_ = GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
+      detail::issue_pv_half<Cfg>(mma_o, tid_wg, pbuf, kv + half * (DV / 2) * BN, tOrO, fresh);
 
       // While P V(n) runs: refill the stage of tile n-1 with tile n-1+NS (waits until WG2 is done
       // with tile n-1 as well).

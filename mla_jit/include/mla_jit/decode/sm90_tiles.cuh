@@ -1,0 +1,237 @@
+// mla_jit decode: what the sm_90a split-KV kernels (splitkv.cuh, splitkv_ws.cuh,
+// splitkv_seesaw.cuh) share about their tiles: the TMA box geometry of a paged KV tile, the
+// shared-memory layouts and wgmma shapes, and the small per-tile steps that do not depend on the
+// schedule (tail zeroing, masking, the swizzled P store, the aligned shared-storage base).
+#pragma once
+
+#include "common.cuh"
+
+namespace mla_jit {
+namespace decode {
+
+template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_, int BLOCK_N_>
+struct Sm90DecodeTiles {
+  using Element = Element_;
+  static constexpr int HEAD_DIM = HEAD_DIM_;
+  static constexpr int HEAD_DIM_V = HEAD_DIM_V_;
+  static constexpr int PAGE_SIZE = PAGE_SIZE_;
+  static constexpr int BLOCK_M = BLOCK_M_;
+  static constexpr int BLOCK_N = BLOCK_N_;
+
+  static_assert(BLOCK_M == 64, "one wgmma M tile per warpgroup");
+  static_assert(BLOCK_N == 64, "tile = 64 tokens (metadata block_n must match)");
+  static_assert(PAGE_SIZE >= 16 && PAGE_SIZE <= 256 && (PAGE_SIZE & (PAGE_SIZE - 1)) == 0, "page");
+  static_assert(cute::is_same_v<Element, cutlass::bfloat16_t> || cute::is_same_v<Element, cutlass::half_t>,
+                "bf16 or fp16");
+
+  // TMA box: 64 columns (= 128 B, the SWIZZLE_128B span) x 1 head x kBoxRows tokens.
+  static constexpr int kBoxCols = 64;
+  static constexpr int kBoxRows = PAGE_SIZE < BLOCK_N ? PAGE_SIZE : BLOCK_N;
+  static constexpr int kPagesPerTile = BLOCK_N / kBoxRows;  // 1 when a page holds >= 1 tile
+  static constexpr int kColChunks = HEAD_DIM / kBoxCols;
+
+  // All operand tiles are K-major with the 128B swizzle: atoms of 8 rows x 64 columns, stacked
+  // row-major-of-atoms so that each 64-column chunk is a contiguous (rows x 128 B) slab, which is
+  // exactly what one TMA box writes. Chunk c of a K tile starts at element c * BLOCK_N * 64.
+  using SwAtom = decltype(cute::GMMA::Layout_K_SW128_Atom<Element>{});
+  using SmemLayoutQ = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_M>, cute::Int<HEAD_DIM>>{}));
+  using SmemLayoutK = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_N>, cute::Int<HEAD_DIM>>{}));
+  using SmemLayoutP = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>>{}));
+  // One 64 x 64 slab: Q rope, K rope, P.
+  using SmemLayoutSlab = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<64>, cute::Int<64>>{}));
+  // V half seen as the (dv/2, tokens) B operand: MN-major view of the same K-major bytes.
+  using SmemLayoutVHalf =
+      decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_N>, cute::Int<HEAD_DIM_V / 2>>{}));
+  using SmemLayoutVtHalf = decltype(cute::composition(
+      SmemLayoutVHalf{},
+      cute::make_layout(cute::Shape<cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>{}, cute::GenRowMajor{})));
+
+  // S = Q K^T with both operands in smem, and a warpgroup's half of O += P V.
+  using TiledMmaS = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<HEAD_DIM>>>()));
+  using TiledMmaO = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+
+  static constexpr unsigned kTileBytes = BLOCK_N * HEAD_DIM * sizeof(Element);
+  static constexpr unsigned kPageBytes = kBoxRows * HEAD_DIM * sizeof(Element);
+};
+
+// Dynamic smem size of a kernel whose SharedStorage needs 1024 B alignment (the swizzle period):
+// +1024 where it fits, so the kernel can round the base up. Where it does not (227 KB already),
+// the kernel requires the base to be 1024-aligned (it is: dynamic smem starts right after the
+// 1 KB reserved block when there is no static smem) and traps otherwise.
+template <typename SharedStorage>
+struct Sm90SmemSize {
+  static constexpr int kSlack = int(sizeof(SharedStorage)) + 1024 <= 227 * 1024 ? 1024 : 0;
+  static constexpr int kBytes = int(sizeof(SharedStorage)) + kSlack;
+  static_assert(kBytes <= 227 * 1024, "shared memory budget (reduce NUM_STAGES)");
+};
+
+namespace detail {
+
+// setmaxnreg (sm_90a): the warpgroup's per-thread register count becomes N. .inc blocks until
+// the registers released by .dec of other warpgroups are available.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// Byte offset of element (r, c) (16-bit elements) in a K-major tile stored as 64-column slabs of
+// rows x 128 B with the 128B swizzle (CuTe's Layout_K_SW128_Atom tiled over the rows, slabs
+// `rows` apart): the 16 B chunk index c/8 within a 128 B row is XORed with r % 8. Used instead of
+// CuTe's swizzled smem tensors for the generic-proxy stores, whose integer pointer swizzling loses
+// the shared address space (64-bit generic stores and address registers).
+template <int kRows>
+__device__ __forceinline__ uint32_t sw128_offset(int r, int c) {
+  return uint32_t((c / 64) * kRows * 128 + r * 128 + ((((c / 8) % 8) ^ (r % 8)) << 4) + (c % 8) * 2);
+}
+// 2^x with the MUFU instruction alone (flushes results below 2^-126 to 0, ~2 ulp): the accurate
+// exp2f adds a denormal-scaling sequence and temporaries per element, and WG0 is register-bound.
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// log2(x) and 1/x with the MUFU instructions alone (~2^-22 relative error): the accurate log2f's
+// polynomial and the IEEE division's slow-path call need registers the (register-bound) WG0 lacks.
+__device__ __forceinline__ float lg2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// Rows [v0, kRows) of a K-major SW128 tile of kCols columns set to zero by the 128 threads of a
+// warpgroup (tw: thread in the warpgroup), before a wgmma reads it: rows past a sequence's end
+// may hold NaN.
+template <int kRows, int kCols>
+__device__ __forceinline__ void zero_rows_from(uint32_t tile_addr, int v0, int tw) {
+  constexpr int kChunks = kCols / 8;
+#pragma unroll 1
+  for (int idx = tw; idx < (kRows - v0) * kChunks; idx += 128) {
+    const int lr = v0 + idx / kChunks, c = idx % kChunks;
+    st_shared_v4(tile_addr + sw128_offset<kRows>(lr, c * 8), make_uint4(0u, 0u, 0u, 0u));
+  }
+}
+
+// A 64 x 64 accumulator fragment (P) into a K-major SW128 slab as Element: row row0 + 8h,
+// columns 8j + col_lane + {0, 1} go to the swizzled 16 B chunk j ^ (row0 % 8).
+template <typename Element, typename Frag>
+__device__ __forceinline__ void store_p_slab(uint32_t slab_addr, int row0, int col_lane, const Frag& s) {
+  const uint32_t prow = slab_addr + row0 * 128 + col_lane * 2;
+  const int rx = row0 % 8;
+#pragma unroll
+  for (int j = 0; j < cute::size(s) / 4; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = j * 4 + h * 2;
+      st_shared_u32(prow + h * 8 * 128 + ((j ^ rx) << 4), ElemTraits<Element>::pack2(s(i), s(i + 1)));
+    }
+  }
+}
+
+// The kernel's SharedStorage in dynamic smem, at a 1024 B boundary (see Sm90SmemSize). Rounded
+// by pointer arithmetic on smem_raw (not through an integer), so that the compiler keeps the
+// shared address space (32-bit ld/st.shared, not generic 64-bit).
+template <typename SharedStorage>
+__device__ __forceinline__ SharedStorage& aligned_shared_storage(unsigned char* smem_raw) {
+  unsigned char* smem_base = smem_raw;
+  if constexpr (Sm90SmemSize<SharedStorage>::kSlack != 0) {
+    smem_base += (1024u - (smem_addr(smem_raw) & 1023u)) & 1023u;
+  } else {
+    if (smem_addr(smem_raw) & 1023u) __trap();  // no room to realign
+  }
+  return *reinterpret_cast<SharedStorage*>(smem_base);
+}
+
+// Keys a query row sees in a tile of a sequence of length L: all, or bottom-right causal
+// (query s sees keys < L - s_q + s + 1).
+__device__ __forceinline__ int visible_keys(const DecodeParams& p, int L, int r) {
+  return p.causal ? min(L, L - p.s_q + r / p.q_per_kv + 1) : L;
+}
+
+// S fragment (64 x N accumulator: element i at row row0 + 8 * ((i / 2) % 2), column
+// (i / 4) * 8 + col_lane + i % 2) of the tile starting at token tok0: -inf where the token is not
+// visible to the row (lim[0] for row row0, lim[1] for row0 + 8). A select, so NaN never survives.
+template <typename Frag>
+__device__ __forceinline__ void mask_invisible(Frag& s, int tok0, int col_lane, const int (&lim)[2]) {
+  if (tok0 + int(cute::size(s)) * 2 > min(lim[0], lim[1])) {
+#pragma unroll
+    for (int i = 0; i < cute::size(s); ++i) {
+      const int t = tok0 + (i / 4) * 8 + col_lane + (i & 1);
+      if (t >= lim[(i >> 1) & 1]) s(i) = -kInf;
+    }
+  }
+}
+
+// Max over the row half h (row row0 + 8h) of an S fragment, across the 4 lanes holding the row.
+template <typename Frag>
+__device__ __forceinline__ float row_max(const Frag& s, int h) {
+  float mx = -kInf;
+#pragma unroll
+  for (int j = 0; j < cute::size(s) / 4; ++j) mx = fmaxf(mx, fmaxf(s(j * 4 + h * 2), s(j * 4 + h * 2 + 1)));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+}
+
+// Row half h of an S fragment becomes P = 2^(S * scale_log2 - m_use) in place; returns this
+// thread's part of the row sum.
+template <typename Frag>
+__device__ __forceinline__ float exp2_row(Frag& s, int h, float scale_log2, float m_use) {
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < cute::size(s) / 4; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float& x = s(j * 4 + h * 2 + e);
+      x = ex2_approx(fmaf(x, scale_log2, -m_use));
+      sum += x;
+    }
+  }
+  return sum;
+}
+
+// Issues (and commits) a warpgroup's half of O (+)= P V: P a 64 x 64 slab, V the warpgroup's
+// HEAD_DIM_V / 2 columns of a K tile in smem, O the half's accumulator. fresh: O = P V (the first
+// tile of a piece; no explicit clear of O, whose loop-carried select would double its registers).
+template <typename Cfg, typename TiledMmaO, typename Frag>
+__device__ __forceinline__ void issue_pv_half(TiledMmaO& mma_o, int tw, typename Cfg::Element* p_slab,
+                                              typename Cfg::Element* v_half, Frag& o, bool fresh) {
+  using namespace cute;
+  auto thr_o = mma_o.get_thread_slice(tw);
+  Tensor sP = make_tensor(make_smem_ptr(p_slab), typename Cfg::SmemLayoutSlab{});
+  Tensor tOrP = thr_o.partition_fragment_A(sP);
+  Tensor sVt = make_tensor(make_smem_ptr(v_half), typename Cfg::SmemLayoutVtHalf{});
+  Tensor tOrV = thr_o.partition_fragment_B(sVt);
+  warpgroup_fence_operand(o);
+  warpgroup_arrive();
+  mma_o.accumulate_ = fresh ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+#pragma unroll
+  for (int k = 0; k < size<2>(tOrP); ++k) {
+    gemm(mma_o, tOrP(_, _, k), tOrV(_, _, k), o);
+    mma_o.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+}
+
+}  // namespace detail
+}  // namespace decode
+}  // namespace mla_jit
