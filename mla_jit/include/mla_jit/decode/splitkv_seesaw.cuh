@@ -4,16 +4,17 @@
 // combine (the combine kernel merges the splits).
 //
 // Grid (num_sm_parts, h_kv, ceil(rows / 64)), 384 threads, 2 KV stages (Q, 64 x d, lives in smem).
-//   WG0, WG1 ("math"): tile n (64 tokens) belongs to WG n % 2, which computes S(n) = Q K(n)^T
-//     (SS wgmma, issued chunk by chunk as the TMA bytes land), the online softmax against the
-//     running max published with tile n - 1, and publishes P(n) (in the rope columns of n's
-//     stage, or a P buffer at d = dv), its max, O scale and partial row sums (p_ready). WG w owns
-//     O[:, 256 w : 256 w + 256] and adds every tile's P V to it in tile order.
+//   WG0, WG1 ("math"): tiles (64 tokens) go in pairs, 2k to WG0 and 2k + 1 to WG1. A tile's owner
+//     computes S (SS wgmma, issued chunk by chunk as the TMA bytes land), the online softmax
+//     against the running max of the tile before, and publishes P (in the rope columns of the
+//     tile's stage, or a P buffer at d = dv), its max, O scale flag and partial row sums
+//     (p_ready). WG w owns O[:, 256 w : 256 w + 256] and adds every tile's P V to it in order.
 //   WG2: thread 256 is the TMA producer. A stage half (the V columns of one math WG) is refilled
 //     as soon as that WG's P V of the stage's previous tile completes.
-// Per own tile n a math WG: waits its own P V(n - 2); waits P(n - 1) and issues its P V(n - 1);
-// loads Q if a piece starts at n; issues S(n); releases its half of n - 1's stage; softmax(n),
-// publish; issues P V(n) (waited at its next tile).
+// Per pair: WG0 softmax(2k) -> P V(2k) -> [waits P(2k + 1)] -> P V(2k + 1) -> S(2k + 2);
+//           WG1 [waits P(2k)] softmax(2k + 1) -> P V(2k) -> P V(2k + 1) -> S(2k + 3).
+// The chain per pair is softmax(2k) -> softmax(2k + 1) -> P V -> S(2k + 2) (whose bytes are
+// refilled meanwhile); each S runs while the other warpgroup does its softmax and P Vs.
 // Lazy rescaling (as in FlashAttention 4): a row's reference max moves only when a tile's max
 // exceeds it by more than 2^8, so P <= 256 and O is rarely rescaled; a P V can then be issued
 // while the same WG's S is in flight without touching O's registers (which would make ptxas
@@ -181,15 +182,12 @@ __device__ __forceinline__ void mla_splitkv_seesaw_body(const DecodeParams& p, c
 
   // This warpgroup's half of O += P(n) V(n) (fresh: the first tile of a piece overwrites O). No
   // register work on O: with lazy rescaling it can be issued while this warpgroup's S is in flight.
-  // n < 0: a throwaway fresh P V of whatever the smem holds (issued so that no wgmma sits in a
-  // divergent branch: ptxas would serialize them all); the next P V overwrites O.
   auto issue_pv = [&](int n, bool fresh) {
     // The TMA bytes of this half of V(n): complete already (the owner of n waited for them before
     // S(n)), waited again so that they are visible to this warpgroup.
 #pragma unroll 1
-    for (int c = 0; c < (n >= 0 ? Cfg::kChunksPerHalf : 0); ++c)
+    for (int c = 0; c < Cfg::kChunksPerHalf; ++c)
       mbarrier_wait(&ss.full[n % NS][w * Cfg::kChunksPerHalf + c], (n / NS) & 1);
-    n = max(n, 0);
     detail::issue_pv_half<Cfg>(mma_o, tw, p_buf(n), ss.kv[n % NS] + w * (DV / 2) * BN, tOrO, fresh);
   };
   // O rows *= the scale of tile n (the rare case where its row max moved the reference max).
@@ -357,78 +355,98 @@ __device__ __forceinline__ void mla_splitkv_seesaw_body(const DecodeParams& p, c
     return rescale;
   };
 
-  // The walk (see the header comment for the order of operations per own tile).
-  TileRef prev{}, t{};
-  bool has_prev = false;
-  bool own_pv_pending = false;  // own P V(n - 2) issued, not waited
-  int pend_n = 0;
-  TileRef pend{};
-  float pend_inv_l[2] = {0.f, 0.f};
-  int n = 0;
-  auto finish_own_pv = [&]() {  // own P V(pend_n) complete: release, store a finished piece
-    release(pend_n);
-    if (pend.last) store_o(pend.bi, pend_inv_l[0], pend_inv_l[1]);
-    own_pv_pending = false;
-  };
-  for (; cur.valid(); ++n) {
+  // Tiles in pairs: 2k to WG0, 2k + 1 to WG1. Per pair a warpgroup finishes its own S, runs its
+  // softmax (WG1 after WG0's, whose max it needs), adds P V of both tiles to its O half in tile
+  // order, then issues S of its tile of the next pair, which runs during the other's softmax.
+  bool next_start = true;
+  auto next_tile = [&](TileRef& t) -> bool {
+    if (!cur.valid()) return false;
     t.bi = cur.bi;
     t.tok = cur.tok;
     t.L = cur.L;
-    t.start = n == 0 || prev.last;
+    t.start = next_start;
     t.last = cur.tok + BN >= cur.stop;
+    next_start = t.last;
     cur.template advance<BN>(seqlens);
-    if (n % 2 == w) {
-      warpgroup_wait<0>();  // own P V(n - 2), if any (unconditional: a wait in a branch serializes)
-      warpgroup_fence_operand(tOrO);
-      if (own_pv_pending) finish_own_pv();
-      // The other's P V(n - 1) first: its stage half is then free for tile n + 1 early. A new
-      // piece's Q is loaded after P(n - 1) is published (the other's S(n - 1), the last reader
-      // of the old Q, is done); the other's next S waits for P(n), published after S(n).
-      float prev_inv_l[2] = {0.f, 0.f};
-      if (has_prev) {
-        mbarrier_wait(&ss.p_ready[(n - 1) % 2], ((n - 1) / 2) & 1);
-        prev_inv_l[0] = ss.inv_l[(n - 1) % 2][row0];
-        prev_inv_l[1] = ss.inv_l[(n - 1) % 2][row0 + 8];
-        if (ss.rescale[(n - 1) % 2]) rescale_o(n - 1);  // rare; nothing in flight here
-      }
-      issue_pv(has_prev ? n - 1 : -1, !has_prev || prev.start);  // n - 1 < 0: throwaway
-      if (t.start) {
-        load_q(t.bi);
-        wg_barrier();
-      }
-      issue_s(n, t);
-      warpgroup_wait<7>();  // P V(n - 1) done (and S(n)'s first chunks)
-      if (has_prev) release(n - 1);
-      warpgroup_wait<0>();  // S(n) done
-      warpgroup_fence_operand(tSrS);
-      warpgroup_fence_operand(tOrO);
-      if (has_prev && prev.last) store_o(prev.bi, prev_inv_l[0], prev_inv_l[1]);
-      float inv_l[2] = {0.f, 0.f};
-      const bool rescale = softmax_publish(n, t, inv_l);
-      if (rescale) rescale_o(n);
-      issue_pv(n, t.start);
-      own_pv_pending = true;
-      pend_n = n;
-      pend = t;
-      pend_inv_l[0] = inv_l[0];
-      pend_inv_l[1] = inv_l[1];
+    return true;
+  };
+  // S of own tile n (prev: tile n - 1, when n > 0). Q: a piece starting at n is loaded once the
+  // other's S(n - 1), the last reader of the old Q, is done (P(n - 1) published); one that
+  // started at the other's tile n - 1 was loaded before P(n - 1) was published.
+  auto start_s = [&](int n, const TileRef& t, const TileRef& prev) {
+    if (n > 0 && (t.start || prev.start)) mbarrier_wait(&ss.p_ready[(n - 1) % 2], ((n - 1) / 2) & 1);
+    if (t.start) {
+      load_q(t.bi);
+      wg_barrier();
     }
-    prev = t;
-    has_prev = true;
-  }
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(tOrO);
-  if (own_pv_pending) finish_own_pv();
-  // The CTA's last tile is the other's: its P V for this half.
-  if (n >= 1 && (n - 1) % 2 != w) {
-    mbarrier_wait(&ss.p_ready[(n - 1) % 2], ((n - 1) / 2) & 1);
-    const float i0 = ss.inv_l[(n - 1) % 2][row0], i1 = ss.inv_l[(n - 1) % 2][row0 + 8];
-    if (ss.rescale[(n - 1) % 2]) rescale_o(n - 1);
-    issue_pv(n - 1, prev.start);
+    issue_s(n, t);
+  };
+  // This warpgroup's P V of tile n (own or the other's, P published), waited for: O in tile
+  // order, the stage half released, a finished piece stored.
+  // Called unconditionally (valid false: nothing but the wait): a wgmma wait in a branch makes
+  // ptxas serialize every wgmma.
+  auto apply_pv = [&](bool valid, int n, const TileRef& t, bool rescale, float inv_l0, float inv_l1) {
+    if (valid) {
+      if (rescale) rescale_o(n);  // rare; nothing in flight here
+      issue_pv(n, t.start);
+    }
     warpgroup_wait<0>();
     warpgroup_fence_operand(tOrO);
-    release(n - 1);
-    store_o(prev.bi, i0, i1);
+    if (valid) {
+      release(n);
+      if (t.last) store_o(t.bi, inv_l0, inv_l1);
+    }
+  };
+
+  TileRef ta{}, tb{};
+  bool va = next_tile(ta);
+  bool vb = va && next_tile(tb);
+  if (w == 0 ? va : vb) {
+    const TileRef own = w == 0 ? ta : tb;  // copies: a ternary of references puts them in local memory
+    start_s(w, own, ta);
+  }
+  // Waited right away (the warpgroup has nothing else to do until its softmax): a wgmma in flight
+  // across the loop's back edge, issued in a branch, makes ptxas serialize every wgmma.
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(tSrS);
+  for (int k = 0; va; ++k) {
+    const int n0 = 2 * k, n1 = n0 + 1;
+    TileRef na{}, nb{};
+    const bool wa = vb && next_tile(na);
+    const bool wb = wa && next_tile(nb);
+    // The other's tile (WG0: n1, WG1: n0): its P published, then its scale flag and 1/l read at
+    // once (the slot is rewritten at its tile after next, which waits for this warpgroup's next P).
+    // WG1 needs it before its softmax (the max after n0); WG0 after its own P V(n0).
+    const int no = n0 + 1 - w;
+    bool other_rescale = false;
+    float oi0 = 0.f, oi1 = 0.f;
+    auto wait_other = [&]() {
+      mbarrier_wait(&ss.p_ready[no % 2], (no / 2) & 1);
+      other_rescale = ss.rescale[no % 2];
+      oi0 = ss.inv_l[no % 2][row0];
+      oi1 = ss.inv_l[no % 2][row0 + 8];
+    };
+    if (w == 1) wait_other();
+    float inv_own[2] = {0.f, 0.f};
+    bool rescale_own = false;
+    if (w == 0 || vb) {
+      const TileRef own = w == 0 ? ta : tb;
+      rescale_own = softmax_publish(n0 + w, own, inv_own);
+    }
+    apply_pv(true, n0, ta, w == 0 ? rescale_own : other_rescale, w == 0 ? inv_own[0] : oi0, w == 0 ? inv_own[1] : oi1);
+    if (w == 0 && vb) wait_other();
+    apply_pv(vb, n1, tb, w == 1 ? rescale_own : other_rescale, w == 1 ? inv_own[0] : oi0, w == 1 ? inv_own[1] : oi1);
+    // S of own tile in the next pair.
+    if (w == 0 ? wa : wb) {
+      const TileRef own = w == 0 ? na : nb, before = w == 0 ? tb : na;
+      start_s(n0 + 2 + w, own, before);
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    ta = na;
+    tb = nb;
+    va = wa;
+    vb = wb;
   }
   pdl_launch_dependents();
 }
