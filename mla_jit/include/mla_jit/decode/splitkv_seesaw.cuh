@@ -192,8 +192,7 @@ __device__ __forceinline__ void mla_splitkv_seesaw_body(const DecodeParams& p, c
   };
   // O rows *= the scale of tile n (the rare case where its row max moved the reference max).
   // Callers have no wgmma in flight.
-  auto rescale_o = [&](int n) {
-    const float sc0 = ss.scale_tile[n % 2][row0], sc1 = ss.scale_tile[n % 2][row0 + 8];
+  auto rescale_o = [&](float sc0, float sc1) {
 #pragma unroll
     for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
   };
@@ -385,17 +384,31 @@ __device__ __forceinline__ void mla_splitkv_seesaw_body(const DecodeParams& p, c
   // order, the stage half released, a finished piece stored.
   // Called unconditionally (valid false: nothing but the wait): a wgmma wait in a branch makes
   // ptxas serialize every wgmma.
-  auto apply_pv = [&](bool valid, int n, const TileRef& t, bool rescale, float inv_l0, float inv_l1) {
+  // The tile's O scale (rare), 1/l (piece end): (x, y) for this thread's two rows.
+  struct TileScales {
+    bool rescale;
+    float2 sc, inv_l;
+  };
+  auto apply_pv = [&](bool valid, int n, const TileRef& t, const TileScales& f) {
     if (valid) {
-      if (rescale) rescale_o(n);  // rare; nothing in flight here
+      if (f.rescale) rescale_o(f.sc.x, f.sc.y);  // rare; nothing in flight here
       issue_pv(n, t.start);
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(tOrO);
     if (valid) {
       release(n);
-      if (t.last) store_o(t.bi, inv_l0, inv_l1);
+      if (t.last) store_o(t.bi, f.inv_l.x, f.inv_l.y);
     }
+  };
+  // Tile n's scales as published (own tile: any time; the other's: right after its P is
+  // published, before this warpgroup publishes its next P, after which the slot may be rewritten).
+  auto read_scales = [&](int n) {
+    TileScales f;
+    f.rescale = ss.rescale[n % 2];
+    f.sc = make_float2(ss.scale_tile[n % 2][row0], ss.scale_tile[n % 2][row0 + 8]);
+    f.inv_l = make_float2(ss.inv_l[n % 2][row0], ss.inv_l[n % 2][row0 + 8]);
+    return f;
   };
 
   TileRef ta{}, tb{};
@@ -414,28 +427,28 @@ __device__ __forceinline__ void mla_splitkv_seesaw_body(const DecodeParams& p, c
     TileRef na{}, nb{};
     const bool wa = vb && next_tile(na);
     const bool wb = wa && next_tile(nb);
-    // The other's tile (WG0: n1, WG1: n0): its P published, then its scale flag and 1/l read at
-    // once (the slot is rewritten at its tile after next, which waits for this warpgroup's next P).
-    // WG1 needs it before its softmax (the max after n0); WG0 after its own P V(n0).
+    // The other's tile (WG0: n1, WG1: n0): its P published, then its scales read at once (the
+    // slot is rewritten at its tile after next, which waits for this warpgroup's next P). WG1
+    // needs it before its softmax (the max after n0); WG0 after its own P V(n0).
     const int no = n0 + 1 - w;
-    bool other_rescale = false;
-    float oi0 = 0.f, oi1 = 0.f;
+    TileScales other{}, own_f{};
     auto wait_other = [&]() {
       mbarrier_wait(&ss.p_ready[no % 2], (no / 2) & 1);
-      other_rescale = ss.rescale[no % 2];
-      oi0 = ss.inv_l[no % 2][row0];
-      oi1 = ss.inv_l[no % 2][row0 + 8];
+      other = read_scales(no);
     };
     if (w == 1) wait_other();
-    float inv_own[2] = {0.f, 0.f};
-    bool rescale_own = false;
     if (w == 0 || vb) {
       const TileRef own = w == 0 ? ta : tb;
-      rescale_own = softmax_publish(n0 + w, own, inv_own);
+      float inv_own[2] = {0.f, 0.f};
+      own_f.rescale = softmax_publish(n0 + w, own, inv_own);
+      own_f.sc = make_float2(ss.scale_tile[(n0 + w) % 2][row0], ss.scale_tile[(n0 + w) % 2][row0 + 8]);
+      own_f.inv_l = make_float2(inv_own[0], inv_own[1]);
     }
-    apply_pv(true, n0, ta, w == 0 ? rescale_own : other_rescale, w == 0 ? inv_own[0] : oi0, w == 0 ? inv_own[1] : oi1);
+    const TileScales f0 = w == 0 ? own_f : other;  // copies (see `own` above)
+    apply_pv(true, n0, ta, f0);
     if (w == 0 && vb) wait_other();
-    apply_pv(vb, n1, tb, w == 1 ? rescale_own : other_rescale, w == 1 ? inv_own[0] : oi0, w == 1 ? inv_own[1] : oi1);
+    const TileScales f1 = w == 1 ? own_f : other;
+    apply_pv(vb, n1, tb, f1);
     // S of own tile in the next pair.
     if (w == 0 ? wa : wb) {
       const TileRef own = w == 0 ? na : nb, before = w == 0 ? tb : na;
