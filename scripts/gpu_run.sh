@@ -40,12 +40,13 @@ if [ -n "${BASELINE:-}" ]; then
 fi
 # The seesaw sm90 schedule (experimental), under its own time limit.
 if [ -n "${SEESAW:-}" ]; then
+  ss="num_stages=2,schedule=seesaw,head_dim_v=512,block_m=64,block_n=64"
   python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache \
-    --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=64,${cfg/num_stages=3,schedule=ws/num_stages=2,schedule=seesaw}" \
-    --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=16,${cfg/num_stages=3,schedule=ws/num_stages=2,schedule=seesaw}" \
-    --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=256,${cfg/num_stages=3,schedule=ws/num_stages=2,schedule=seesaw}" \
-    --config "mla_decode_sm90:dtype=fp16,head_dim=576,page_size=64,${cfg/num_stages=3,schedule=ws/num_stages=2,schedule=seesaw}" \
-    --config "mla_decode_sm90:dtype=bf16,head_dim=512,page_size=64,${cfg/num_stages=3,schedule=ws/num_stages=2,schedule=seesaw}" 2>&1 | tail -n 1
+    --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=64,$ss" \
+    --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=16,$ss" \
+    --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=256,$ss" \
+    --config "mla_decode_sm90:dtype=fp16,head_dim=576,page_size=64,$ss" \
+    --config "mla_decode_sm90:dtype=bf16,head_dim=512,page_size=64,$ss" 2>&1 | tail -n 1
   timeout "${SEESAW_TIMEOUT:-240}" python3 -m pytest -q --maxfail=6 -m gpu -p no:cacheprovider -k seesaw_schedule \
     tests/test_gpu_decode.py 2>&1 | tee "$OUT/pytest_seesaw.log" | tail -n 15
   echo "seesaw schedule exit status: ${PIPESTATUS[0]}"

@@ -1,7 +1,7 @@
 // mla_jit decode: the "seesaw" split-KV schedule for sm_90a (MLA_JIT_SM90_DECODE_SCHEDULE=seesaw,
 // experimental: correct on the whole test grid; on par with splitkv_ws.cuh on the longest
-// compute-bound shapes, slower elsewhere; bench/NOTES.md has the measurements). Same contract as splitkv_ws.cuh without the fused
-// combine (the combine kernel merges the splits).
+// compute-bound shapes, slower elsewhere; bench/NOTES.md has the measurements). Same contract as
+// splitkv_ws.cuh without the fused combine (the combine kernel merges the splits).
 //
 // Grid (num_sm_parts, h_kv, ceil(rows / 64)), 384 threads, 2 KV stages (Q, 64 x d, lives in smem).
 //   WG0, WG1 ("math"): tiles (64 tokens) go in pairs, 2k to WG0 and 2k + 1 to WG1. A tile's owner
@@ -279,13 +279,20 @@ __device__ __forceinline__ void mla_splitkv_seesaw_body(const DecodeParams& p, c
     }
   };
 
+  // A tile's O scale (applied only when `rescale`: some row moved its reference max) and 1/l
+  // (at a piece's last tile), (x, y) for this thread's two rows.
+  struct TileScales {
+    bool rescale;
+    float2 sc, inv_l;
+  };
+
   // Online softmax of S(n) with lazy rescaling: P = exp2(S * scale - m_ref), where a row's
   // reference max m_ref only moves when the tile's max exceeds it by more than kRescaleLog2 (so
   // P <= 2^kRescaleLog2 and O rarely needs rescaling). Publishes P(n) into smem, m_ref, the O
   // scale, the partial row sums, whether any row moved (rescale[n % 2]) and, at a piece's last
-  // tile, 1/l. Returns whether O must be rescaled before P V(n); 1/l in inv_l at the last tile.
+  // tile, 1/l; returns them (TileScales) for this warpgroup's P V(n).
   constexpr float kRescaleLog2 = 8.f;
-  auto softmax_publish = [&](int n, const TileRef& t, float (&inv_l)[2]) -> bool {
+  auto softmax_publish = [&](int n, const TileRef& t) -> TileScales {
     float m_prev[2], l_prev[2];
     if (t.start) {
       m_prev[0] = m_prev[1] = -kInf;
@@ -316,7 +323,7 @@ __device__ __forceinline__ void mla_splitkv_seesaw_body(const DecodeParams& p, c
       const float sum = detail::exp2_row(tSrS, h, p.scale_log2, m_use);
       l_new[h] = l_prev[h] * sc[h] + sum;
     }
-    float lse2[2] = {-kInf, -kInf};
+    float lse2[2] = {-kInf, -kInf}, inv_l[2] = {0.f, 0.f};
     if (t.last) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -351,7 +358,7 @@ __device__ __forceinline__ void mla_splitkv_seesaw_body(const DecodeParams& p, c
     fence_proxy_async_shared();  // P (and a new piece's Q) before the other's wgmmas read them
     __syncwarp();
     if (tw % 32 == 0) mbarrier_arrive(&ss.p_ready[n % 2]);
-    return rescale;
+    return TileScales{rescale, make_float2(sc[0], sc[1]), make_float2(inv_l[0], inv_l[1])};
   };
 
   // Tiles in pairs: 2k to WG0, 2k + 1 to WG1. Per pair a warpgroup finishes its own S, runs its
@@ -381,14 +388,8 @@ __device__ __forceinline__ void mla_splitkv_seesaw_body(const DecodeParams& p, c
     issue_s(n, t);
   };
   // This warpgroup's P V of tile n (own or the other's, P published), waited for: O in tile
-  // order, the stage half released, a finished piece stored.
-  // Called unconditionally (valid false: nothing but the wait): a wgmma wait in a branch makes
-  // ptxas serialize every wgmma.
-  // The tile's O scale (rare), 1/l (piece end): (x, y) for this thread's two rows.
-  struct TileScales {
-    bool rescale;
-    float2 sc, inv_l;
-  };
+  // order, the stage half released, a finished piece stored. Called unconditionally (valid
+  // false: nothing but the wait): a wgmma wait in a branch makes ptxas serialize every wgmma.
   auto apply_pv = [&](bool valid, int n, const TileRef& t, const TileScales& f) {
     if (valid) {
       if (f.rescale) rescale_o(f.sc.x, f.sc.y);  // rare; nothing in flight here
@@ -401,8 +402,8 @@ __device__ __forceinline__ void mla_splitkv_seesaw_body(const DecodeParams& p, c
       if (t.last) store_o(t.bi, f.inv_l.x, f.inv_l.y);
     }
   };
-  // Tile n's scales as published (own tile: any time; the other's: right after its P is
-  // published, before this warpgroup publishes its next P, after which the slot may be rewritten).
+  // The other warpgroup's tile n's scales, read right after its P is published (before this
+  // warpgroup publishes its next P, after which the slot may be rewritten).
   auto read_scales = [&](int n) {
     TileScales f;
     f.rescale = ss.rescale[n % 2];
@@ -439,10 +440,7 @@ __device__ __forceinline__ void mla_splitkv_seesaw_body(const DecodeParams& p, c
     if (w == 1) wait_other();
     if (w == 0 || vb) {
       const TileRef own = w == 0 ? ta : tb;
-      float inv_own[2] = {0.f, 0.f};
-      own_f.rescale = softmax_publish(n0 + w, own, inv_own);
-      own_f.sc = make_float2(ss.scale_tile[(n0 + w) % 2][row0], ss.scale_tile[(n0 + w) % 2][row0 + 8]);
-      own_f.inv_l = make_float2(inv_own[0], inv_own[1]);
+      own_f = softmax_publish(n0 + w, own);
     }
     const TileScales f0 = w == 0 ? own_f : other;  // copies (see `own` above)
     apply_pv(true, n0, ta, f0);
