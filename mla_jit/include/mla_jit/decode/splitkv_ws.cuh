@@ -112,6 +112,9 @@ struct WsCursor {
 
 // Named barrier of the two P V warpgroups (256 threads); 1 is WG0's.
 constexpr int kBarPV = 2;
+// Named barrier of WG0 and the producer's warp (160 threads): the CTA's first Q is loaded.
+constexpr int kBarFirstQ = 3;
+constexpr int kFirstQThreads = 128 + 32;
 
 // Row r (h: which of the thread's two accumulator rows) of this thread's O columns, cast to the
 // output dtype, into out. 32-bit element offsets (here and in the P V epilogue): < 2^31 for every
@@ -421,13 +424,6 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     ss.prod_n = n + 1;
     prod.template advance<BN>(seqlens);
   };
-  if (is_producer) {
-    ss.prod_n = 0;
-    ss.prod.init(meta_ptr(), seqlens);
-    for (int s = 0; s < NS && ss.prod.valid(); ++s) issue_tile();
-  }
-  __syncwarp();  // reconverge warp 4 before any .aligned instruction
-
   if (wg == 0) {
     // =========================== WG0: S = Q K^T, softmax, P ===========================
     detail::setmaxnreg_inc<Cfg::kRegsS>();
@@ -462,6 +458,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     float m_run[2], l_run[2];  // running max (log2 units, scaled) and per-thread partial sum
     int n = 0;                 // tile index: stage n % NS, use n / NS
     bool piece_start = true;
+    if (!cur.valid()) named_barrier_arrive(detail::kBarFirstQ, detail::kFirstQThreads);  // no work: free the producer
     while (cur.valid()) {
       const int tw = detail::ws_opaque(threadIdx.x % 128);
       const int row0 = row0_of(tw), col_lane = col_lane_of(tw);
@@ -475,6 +472,35 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         // rewrites Q's smem part; Q's register part is thread-private.
         named_barrier_sync(kBarWG0, 128);
         const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)cur.bi * p.q_stride_b;
+        // Every load of Q is issued before any of them is used, so that they are in flight together:
+        // waited one after another behind the KV tiles' TMA traffic, a CTA's first Q took ~10 us
+        // (clock trace, 32/1/4096/16 on the H200). First the smem parts:
+        // Q[:, kQRegCols:DV] -> q16 (64 rows x 2 chunks of 16 B: one chunk per thread), SW32:
+        // chunk index c ^ ((r / 4) % 2) (checked against CuTe in host_fragment_check.cpp).
+        // Q[:, DV:D] (kPInRope) -> aux, SW128: kRopeIters chunks per thread.
+        constexpr int kRopeIters = Cfg::kPInRope ? BM * 8 / 128 : 0;
+        static_assert(!Cfg::kPInRope || BM * 8 % 128 == 0, "rope chunks per thread");
+        const int lr = tw / 2, c = tw % 2;
+        uint4 v16 = make_uint4(0u, 0u, 0u, 0u);
+        uint4 vr[kRopeIters > 0 ? kRopeIters : 1];
+        {
+          const int r = m_block * BM + lr;
+          if (r < p.rows) {
+            const auto [s, head] = query_row(p, g, r);
+            v16 = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + kQRegCols + c * 8));
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kRopeIters; ++i) {
+          const int idx = tw + 128 * i;
+          const int r = m_block * BM + idx / 8;
+          vr[i] = make_uint4(0u, 0u, 0u, 0u);
+          if (r < p.rows) {
+            const auto [s, head] = query_row(p, g, r);
+            vr[i] = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + DV + (idx % 8) * 8));
+          }
+        }
+        // then the register part
         const Element* qrow[2];
         bool qok[2];
 #pragma unroll
@@ -492,34 +518,15 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
           tSrQ32(i) = v;
         }
         warpgroup_fence_operand(tSrQ32);
-        {
-          // Q[:, kQRegCols:DV] -> q16 (64 rows x 2 chunks of 16 B: one chunk per thread), SW32:
-          // chunk index c ^ ((r / 4) % 2) (checked against CuTe in host_fragment_check.cpp).
-          const int lr = tw / 2, c = tw % 2;
-          const int r = m_block * BM + lr;
-          uint4 v = make_uint4(0u, 0u, 0u, 0u);
-          if (r < p.rows) {
-            const auto [s, head] = query_row(p, g, r);
-            v = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + kQRegCols + c * 8));
-          }
-          detail::st_shared_v4(smem_addr(ss.q16) + lr * 32 + ((c ^ ((lr / 4) % 2)) << 4), v);
-        }
-        if constexpr (Cfg::kPInRope) {
-          const uint32_t q_rope = smem_addr(ss.aux);
-#pragma unroll 1
-          for (int idx = tw; idx < BM * 8; idx += 128) {
-            const int lr = idx / 8, c = idx % 8;
-            const int r = m_block * BM + lr;
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (r < p.rows) {
-              const auto [s, head] = query_row(p, g, r);
-              v = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + DV + c * 8));
-            }
-            detail::st_shared_v4(q_rope + detail::sw128_offset<BM>(lr, c * 8), v);
-          }
+        detail::st_shared_v4(smem_addr(ss.q16) + lr * 32 + ((c ^ ((lr / 4) % 2)) << 4), v16);
+#pragma unroll
+        for (int i = 0; i < kRopeIters; ++i) {
+          const int idx = tw + 128 * i;
+          detail::st_shared_v4(smem_addr(ss.aux) + detail::sw128_offset<BM>(idx / 8, (idx % 8) * 8), vr[i]);
         }
         fence_proxy_async_shared();
         named_barrier_sync(kBarWG0, 128);
+        if (n == 0) named_barrier_arrive(detail::kBarFirstQ, detail::kFirstQThreads);  // the producer may start the KV TMAs
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           m_run[h] = -kInf;
@@ -687,6 +694,19 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       // No combine kernel: batches without keys get out = 0 / lse = +inf here (WG2 has time for
       // it while WG0 computes the first S).
       if (half == 1) detail::ws_write_empty_batches<Cfg>(p, tid_wg, blockIdx.y, blockIdx.z);
+    }
+    if (tid / 32 == 4) {  // the producer's warp
+      // The first NUM_STAGES tiles are issued once WG0 has its first Q. Issued at once, the KV
+      // tiles of every CTA (~29 MB) were queued ahead of the small Q loads, which then landed
+      // ~10 us after the CTA started (clock trace, 32/1/4096/16 on the H200). Here, after this
+      // warpgroup's setmaxnreg.dec: WG0's setmaxnreg.inc waits for those registers.
+      named_barrier_sync(detail::kBarFirstQ, detail::kFirstQThreads);
+      if (is_producer) {
+        ss.prod_n = 0;
+        ss.prod.init(meta_ptr(), seqlens);
+        for (int s = 0; s < NS && ss.prod.valid(); ++s) issue_tile();
+      }
+      __syncwarp();  // reconverge warp 4 before any .aligned instruction
     }
 
     typename Cfg::TiledMmaO mma_o;
