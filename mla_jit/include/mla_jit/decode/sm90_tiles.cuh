@@ -119,6 +119,14 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
                : "memory");
 }
 
+// 16-byte copy global -> shared that takes no registers (cp.async); valid = false writes 16 zero
+// bytes and reads nothing (src must still be a valid address). Complete after cp_async_wait_all.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // Rows [v0, kRows) of a K-major SW128 tile of kCols columns set to zero by the 128 threads of a
 // warpgroup (tw: thread in the warpgroup), before a wgmma reads it: rows past a sequence's end
 // may hold NaN.

@@ -139,9 +139,9 @@ __device__ __forceinline__ void ws_store_out_row(const DecodeParams& p, const Te
 // head, row tile) counter; the CTA that completes the count notes the batch in `pending` and
 // merges it after its main loop (step 2, combine_row per query row), when registers and time are free.
 // A CTA holds at most two split pieces (the first and the last of its range: batches inside the
-// range are whole), so `pending` has two slots.
+// range are whole), so `pending` has two slots: (batch, its first split slot, its split count).
 __device__ __forceinline__ void ws_count_split(const DecodeParams& p, const PieceDest& dest, int bi, int g,
-                                               int m_block, int tid, int* pending, int* num_pending) {
+                                               int m_block, int tid, int (*pending)[3], int* num_pending) {
   __threadfence();  // release: this thread's o_accum stores, GPU-wide, before the count
   named_barrier_sync(kBarPV, 256);
   if (tid == 128) {
@@ -150,26 +150,31 @@ __device__ __forceinline__ void ws_count_split(const DecodeParams& p, const Piec
       *counter = 0;     // every split has counted: zero again for the next launch
       __threadfence();  // acquire: the other splits' stores before step 2's reads
       if (*num_pending >= 2) __trap();  // cannot happen (see above): fail loudly, never overrun smem
-      pending[(*num_pending)++] = bi;
+      pending[*num_pending][0] = bi;
+      pending[*num_pending][1] = dest.first;
+      pending[*num_pending][2] = dest.count;
+      ++*num_pending;
     }
   }
 }
 
-// Fused combine, step 2: merges the splits of batch bi for this CTA's rows (KV head blockIdx.y,
-// row tile blockIdx.z) into out / lse, by all NUM_THREADS threads after the main loop. Three
-// phases, so that no thread waits on a chain of dependent global loads: (A) every split's
-// lse_accum of every row into smem `wts` [split][BM]; (B) per row: the final lse (written out)
-// and each split's weight 2^(lse_i - lse), in place; (C) out = sum_i w_i * o_i over 16-byte
-// chunks of the rows, 4 chunks x 4 splits of loads in flight per thread. Partials are read
-// through L2 (ld.global.cg): other SMs wrote them during this kernel.
+// Fused combine, step 2: merges the nsplit splits (slots first ..) of batch bi for this CTA's
+// rows (KV head blockIdx.y, row tile blockIdx.z) into out / lse, by all NUM_THREADS threads
+// after the main loop. Phases, so that no thread waits on a chain of dependent global loads:
+// (C0) the first kS splits of this thread's first kC chunks of o_accum into registers (they do
+// not depend on the weights: their latency overlaps A and B); (A) every split's lse_accum of
+// every row into smem `wts` [split][BM]; (B) per row: the final lse (written out) and each
+// split's weight 2^(lse_i - lse), in place; (C) out = sum_i w_i * o_i over 16-byte chunks of
+// the rows, kC chunks x kS splits of loads in flight per thread. Partials are read through L2
+// (ld.global.cg): other SMs wrote them during this kernel. At 16 rows and 5 splits the merge
+// is two memory round trips after the main loop (it was ~6, ~5.5 us; clock trace, H200).
 template <typename Cfg>
-__device__ __forceinline__ void ws_combine_batch(const DecodeParams& p, int bi, float* wts, int tid) {
+__device__ __forceinline__ void ws_combine_batch(const DecodeParams& p, int bi, int first, int nsplit, float* wts,
+                                                 int tid) {
   using Element = typename Cfg::Element;
   constexpr int DV = Cfg::HEAD_DIM_V, BM = Cfg::BLOCK_M, NT = Cfg::NUM_THREADS;
   constexpr int kMaxSplits = int(Cfg::kTileBytes) * Cfg::NUM_STAGES / (BM * 4);  // wts fits the KV stages
   const int g = blockIdx.y, row_base = blockIdx.z * BM;
-  const int first = p.num_splits[bi];
-  const int nsplit = p.num_splits[bi + 1] - first;
   const int nrows = min(BM, p.rows - row_base);
   if (nsplit > kMaxSplits) {  // more splits than SMs on any GPU so far: the slow, general path
     for (int lr = tid / 32; lr < nrows; lr += NT / 32)
@@ -179,6 +184,25 @@ __device__ __forceinline__ void ws_combine_batch(const DecodeParams& p, int bi, 
   }
   const int split_stride = p.h_kv * p.rows;  // lse_accum elements between split slots
   const float* lse_acc = p.lse_accum + (first * p.h_kv + g) * p.rows + row_base;
+  constexpr int kRowChunks = DV / 4;  // float4 chunks per row
+  constexpr int kC = 6, kS = 2;       // chunks per thread per pass (16 rows in one pass), splits per load batch
+  const int nchunks = nrows * kRowChunks;
+  const float4* o_acc = reinterpret_cast<const float4*>(p.o_accum) + ((first * p.h_kv + g) * p.rows + row_base) * kRowChunks;
+  const int o_split_stride = split_stride * kRowChunks;  // float4s between split slots
+  float4 v[kS][kC];
+  auto load_batch = [&](int base, int i0) {
+#pragma unroll
+    for (int j = 0; j < kS; ++j) {
+#pragma unroll
+      for (int c = 0; c < kC; ++c) {
+        const int chunk = base + c * NT;
+        v[j][c] = (i0 + j < nsplit && chunk < nchunks) ? __ldcg(o_acc + (i0 + j) * o_split_stride + chunk)
+                                                       : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+  };
+  // (C0)
+  load_batch(tid, 0);
   // (A)
   for (int idx = tid; idx < nsplit * BM; idx += NT) {
     const int i = idx / BM, lr = idx % BM;
@@ -201,26 +225,12 @@ __device__ __forceinline__ void ws_combine_batch(const DecodeParams& p, int bi, 
   }
   __syncthreads();
   // (C)
-  constexpr int kRowChunks = DV / 4;  // float4 chunks per row
-  constexpr int kC = 4, kS = 4;       // chunks per thread per pass, splits per load batch
-  const int nchunks = nrows * kRowChunks;
-  const float4* o_acc = reinterpret_cast<const float4*>(p.o_accum) + ((first * p.h_kv + g) * p.rows + row_base) * kRowChunks;
-  const int o_split_stride = split_stride * kRowChunks;  // float4s between split slots
   for (int base = tid; base < nchunks; base += NT * kC) {
     float4 acc[kC];
 #pragma unroll
     for (int c = 0; c < kC; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int i0 = 0; i0 < nsplit; i0 += kS) {
-      float4 v[kS][kC];
-#pragma unroll
-      for (int j = 0; j < kS; ++j) {
-#pragma unroll
-        for (int c = 0; c < kC; ++c) {
-          const int chunk = base + c * NT;
-          v[j][c] = (i0 + j < nsplit && chunk < nchunks) ? __ldcg(o_acc + (i0 + j) * o_split_stride + chunk)
-                                                         : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-      }
+      if (base != tid || i0 != 0) load_batch(base, i0);  // (the first batch came in C0)
 #pragma unroll
       for (int j = 0; j < kS; ++j) {
 #pragma unroll
@@ -339,7 +349,7 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     detail::WorkCursor prod;
     int prod_n;  // index of the next tile to issue
     // Fused combine: batches whose splits this CTA merges after its main loop (thread 128 appends).
-    int pending[2];
+    int pending[2][3];  // (batch, first split slot, split count) to merge after the main loop
     int num_pending;
     alignas(8) uint64_t full[NUM_STAGES];     // TMA landed (tx-count barrier)
     uint64_t p_full[NUM_STAGES];               // WG0 wrote P / row_scale / info (4 warp arrivals)
@@ -474,56 +484,92 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)cur.bi * p.q_stride_b;
         // Every load of Q is issued before any of them is used, so that they are in flight together:
         // waited one after another behind the KV tiles' TMA traffic, a CTA's first Q took ~10 us
-        // (clock trace, 32/1/4096/16 on the H200). First the smem parts:
+        // (clock trace, 32/1/4096/16 on the H200). First the smem parts, by cp.async (no registers):
         // Q[:, kQRegCols:DV] -> q16 (64 rows x 2 chunks of 16 B: one chunk per thread), SW32:
         // chunk index c ^ ((r / 4) % 2) (checked against CuTe in host_fragment_check.cpp).
-        // Q[:, DV:D] (kPInRope) -> aux, SW128: kRopeIters chunks per thread.
-        constexpr int kRopeIters = Cfg::kPInRope ? BM * 8 / 128 : 0;
-        static_assert(!Cfg::kPInRope || BM * 8 % 128 == 0, "rope chunks per thread");
-        const int lr = tw / 2, c = tw % 2;
-        uint4 v16 = make_uint4(0u, 0u, 0u, 0u);
-        uint4 vr[kRopeIters > 0 ? kRopeIters : 1];
+        // Q[:, DV:D] (kPInRope) -> aux, SW128: BM * 8 / 128 chunks per thread.
         {
+          const int lr = tw / 2, c = tw % 2;
           const int r = m_block * BM + lr;
-          if (r < p.rows) {
-            const auto [s, head] = query_row(p, g, r);
-            v16 = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + kQRegCols + c * 8));
-          }
+          const auto [s, head] = query_row(p, g, r);
+          detail::cp_async_16(smem_addr(ss.q16) + lr * 32 + ((c ^ ((lr / 4) % 2)) << 4),
+                              r < p.rows ? qb + s * p.q_stride_s + head * p.q_stride_h + kQRegCols + c * 8 : qb,
+                              r < p.rows);
         }
+        if constexpr (Cfg::kPInRope) {
+          static_assert(BM * 8 % 128 == 0, "rope chunks per thread");
 #pragma unroll
-        for (int i = 0; i < kRopeIters; ++i) {
-          const int idx = tw + 128 * i;
-          const int r = m_block * BM + idx / 8;
-          vr[i] = make_uint4(0u, 0u, 0u, 0u);
-          if (r < p.rows) {
+          for (int i = 0; i < BM * 8 / 128; ++i) {
+            const int idx = tw + 128 * i;
+            const int r = m_block * BM + idx / 8;
             const auto [s, head] = query_row(p, g, r);
-            vr[i] = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + DV + (idx % 8) * 8));
+            detail::cp_async_16(smem_addr(ss.aux) + detail::sw128_offset<BM>(idx / 8, (idx % 8) * 8),
+                                r < p.rows ? qb + s * p.q_stride_s + head * p.q_stride_h + DV + (idx % 8) * 8 : qb,
+                                r < p.rows);
           }
         }
-        // then the register part
-        const Element* qrow[2];
-        bool qok[2];
+        // then the register part, in 16-byte loads. Register i of the A fragment holds word tq
+        // (= lane % 4) of 16-byte chunk 2 (i / 4) + (i / 2) % 2 of row row0 + 8 (i % 2), so
+        // registers 8 j + h + 2 w (w = 0..3) hold word tq of chunks 4 j + w of row h. Lane tq
+        // loads chunk 4 j + tq into them (a word for each lane of its quad), and a 4 x 4
+        // transpose over the quad gives every lane its own words. Scattered 4-byte loads took
+        // 2.4-4 us for a 64-row Q (clock trace, H200). The chunks past the last whole group (2 of
+        // 62) are loaded word by word: a padded group would cost the 4 registers WG0 lacks.
+        constexpr int kQGroups = kQRegCols / 32;
+        constexpr int kQTailChunks = kQRegCols / 8 - 4 * kQGroups;
+        static_assert(kQRegCols % 16 == 0, "whole k16 steps");
+        const int tq = tw % 4;
+        uint32_t qx[2][kQGroups][4];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = m_block * BM + row0 + 8 * h;
-          qok[h] = r < p.rows;  // padded rows are zero: no NaN from garbage
           const auto [s, head] = query_row(p, g, r);
-          qrow[h] = qb + s * p.q_stride_s + head * p.q_stride_h + col_lane;
+          const Element* qrow = qb + s * p.q_stride_s + head * p.q_stride_h + tq * 8;
+#pragma unroll
+          for (int j = 0; j < kQGroups; ++j) {
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);  // padded rows are zero: no NaN from garbage
+            if (r < p.rows) v = __ldg(reinterpret_cast<const uint4*>(qrow + j * 32));
+            qx[h][j][0] = v.x;
+            qx[h][j][1] = v.y;
+            qx[h][j][2] = v.z;
+            qx[h][j][3] = v.w;
+          }
+#pragma unroll
+          for (int w = 0; w < kQTailChunks; ++w) {
+            uint32_t v = 0u;
+            if (r < p.rows) v = __ldg(reinterpret_cast<const uint32_t*>(qrow - tq * 8 + (4 * kQGroups + w) * 8 + 2 * tq));
+            tSrQ32(8 * kQGroups + h + 2 * w) = v;
+          }
         }
 #pragma unroll
-        for (int i = 0; i < size(tSrQ32); ++i) {
-          const int h = i & 1, col = 16 * (i / 4) + 8 * ((i >> 1) & 1);
-          uint32_t v = 0u;
-          if (qok[h]) v = __ldg(reinterpret_cast<const uint32_t*>(qrow[h] + col));
-          tSrQ32(i) = v;
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int j = 0; j < kQGroups; ++j) {
+            uint32_t(&x)[4] = qx[h][j];
+            // Butterfly on lane bit b: a lane takes, into each slot w whose bit b differs from its
+            // own, its partner's slot w ^ (1 << b). After both bits, slot w of lane q holds
+            // word q of the chunk lane w loaded.
+#pragma unroll
+            for (int b = 1; b <= 2; b <<= 1) {
+              const bool hi = tq & b;
+#pragma unroll
+              for (int w0 = 0; w0 < 4; ++w0) {
+                if (w0 & b) continue;
+                const uint32_t send = hi ? x[w0] : x[w0 + b];
+                const uint32_t recv = __shfl_xor_sync(0xffffffffu, send, b);
+                if (hi) {
+                  x[w0] = recv;
+                } else {
+                  x[w0 + b] = recv;
+                }
+              }
+            }
+#pragma unroll
+            for (int w = 0; w < 4; ++w) tSrQ32(8 * j + h + 2 * w) = x[w];
+          }
         }
         warpgroup_fence_operand(tSrQ32);
-        detail::st_shared_v4(smem_addr(ss.q16) + lr * 32 + ((c ^ ((lr / 4) % 2)) << 4), v16);
-#pragma unroll
-        for (int i = 0; i < kRopeIters; ++i) {
-          const int idx = tw + 128 * i;
-          detail::st_shared_v4(smem_addr(ss.aux) + detail::sw128_offset<BM>(idx / 8, (idx % 8) * 8), vr[i]);
-        }
+        detail::cp_async_wait_all();
         fence_proxy_async_shared();
         named_barrier_sync(kBarWG0, 128);
         if (n == 0) named_barrier_arrive(detail::kBarFirstQ, detail::kFirstQThreads);  // the producer may start the KV TMAs
@@ -696,15 +742,19 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       if (half == 1) detail::ws_write_empty_batches<Cfg>(p, tid_wg, blockIdx.y, blockIdx.z);
     }
     if (tid / 32 == 4) {  // the producer's warp
-      // The first NUM_STAGES tiles are issued once WG0 has its first Q. Issued at once, the KV
-      // tiles of every CTA (~29 MB) were queued ahead of the small Q loads, which then landed
-      // ~10 us after the CTA started (clock trace, 32/1/4096/16 on the H200). Here, after this
-      // warpgroup's setmaxnreg.dec: WG0's setmaxnreg.inc waits for those registers.
-      named_barrier_sync(detail::kBarFirstQ, detail::kFirstQThreads);
+      // Tile 0 is issued at once, tiles 1 .. NUM_STAGES - 1 once WG0 has its first Q: issued
+      // together, the KV tiles of every CTA (~29 MB) were queued ahead of the small Q loads, which
+      // then landed ~10 us after the CTA started (clock trace, 32/1/4096/16 on the H200). Here,
+      // after this warpgroup's setmaxnreg.dec: WG0's setmaxnreg.inc waits for those registers.
       if (is_producer) {
         ss.prod_n = 0;
         ss.prod.init(meta_ptr(), seqlens);
-        for (int s = 0; s < NS && ss.prod.valid(); ++s) issue_tile();
+        if (ss.prod.valid()) issue_tile();
+      }
+      __syncwarp();
+      named_barrier_sync(detail::kBarFirstQ, detail::kFirstQThreads);
+      if (is_producer) {
+        for (int s = 1; s < NS && ss.prod.valid(); ++s) issue_tile();
       }
       __syncwarp();  // reconverge warp 4 before any .aligned instruction
     }
@@ -784,7 +834,8 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     // stages are free now (every tile was consumed): they hold the split weights.
     __syncthreads();
     for (int k = 0; k < ss.num_pending; ++k) {
-      detail::ws_combine_batch<Cfg>(p, ss.pending[k], reinterpret_cast<float*>(ss.kv), tid);
+      detail::ws_combine_batch<Cfg>(p, ss.pending[k][0], ss.pending[k][1], ss.pending[k][2],
+                                    reinterpret_cast<float*>(ss.kv), tid);
     }
   }
   pdl_launch_dependents();
