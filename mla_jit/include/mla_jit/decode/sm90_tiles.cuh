@@ -126,6 +126,8 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Brings the line of ptr into L2 (no register, no wait).
+__device__ __forceinline__ void prefetch_l2(const void* ptr) { asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr)); }
 
 // Rows [v0, kRows) of a K-major SW128 tile of kCols columns set to zero by the 128 threads of a
 // warpgroup (tw: thread in the warpgroup), before a wgmma reads it: rows past a sequence's end

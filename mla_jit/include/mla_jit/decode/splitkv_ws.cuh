@@ -463,7 +463,23 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     detail::WsCursor cur;
     {
       const int* meta = meta_ptr();
-      cur.seek(meta, seqlens, meta[kMetaBeginBatch]);
+      const int b0 = meta[kMetaBeginBatch];
+      // Q of b0 (the first piece's batch unless that sequence is empty) into L2 while the walk
+      // reads the sequence length: the piece start's loads then wait one round trip less.
+      if (b0 < p.b) {
+        const int m_block = blockIdx.z, g = blockIdx.y;
+        const char* qb = reinterpret_cast<const char*>(reinterpret_cast<const Element*>(p.q) + (long long)b0 * p.q_stride_b);
+        constexpr int kRowBytes = D * int(sizeof(Element)), kLines = (kRowBytes + 127) / 128 + 1;
+        for (int idx = threadIdx.x; idx < BM * kLines; idx += 128) {
+          const int r = m_block * BM + idx / kLines;
+          if (r < p.rows) {
+            const auto [s, head] = query_row(p, g, r);
+            const char* row = qb + (s * p.q_stride_s + head * p.q_stride_h) * int(sizeof(Element));
+            detail::prefetch_l2(row + min((idx % kLines) * 128, kRowBytes - 1));
+          }
+        }
+      }
+      cur.seek(meta, seqlens, b0);
     }
     float m_run[2], l_run[2];  // running max (log2 units, scaled) and per-thread partial sum
     int n = 0;                 // tile index: stage n % NS, use n / NS
@@ -717,8 +733,33 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     detail::setmaxnreg_dec<Cfg::kRegsPV>();
   } else {
     // ================ WG1 / WG2: O[:, half] += P V[:, half]; thread 128: TMA producer ================
-    // Tiles of this CTA (WG0 owns the walk; the P V warpgroups only need the count). Counted
-    // before setmaxnreg: registers of the P V loop are scarce (128 of them hold O).
+    // setmaxnreg first: WG0's setmaxnreg.inc waits for these registers, and with it the CTA's
+    // first Q (the tile count below walks the CTA's batches, a chain of dependent loads).
+    __syncwarp();  // setmaxnreg is .aligned
+    detail::setmaxnreg_dec<Cfg::kRegsPV>();
+    const int half = wg - 1;
+    const int tid_wg = tid % 128;
+    const int lane = tid % 32;
+    const int row0 = (tid_wg / 32) * 16 + lane / 4;
+    const int col_lane = (lane % 4) * 2;
+
+    // Tile 0 is issued at once, tiles 1 .. NUM_STAGES - 1 once WG0 has its first Q: issued
+    // together, the KV tiles of every CTA (~29 MB) were queued ahead of the small Q loads, which
+    // then landed ~10 us after the CTA started (clock trace, 32/1/4096/16 on the H200).
+    const bool producer_warp = tid / 32 == 4;
+    if (is_producer) {
+      const int* meta = meta_ptr();
+      const int b0 = meta[kMetaBeginBatch], t0 = meta[kMetaBeginToken];
+      // The first tile's block-table entry into L2 while the walk reads the sequence length.
+      if (b0 < p.b) detail::prefetch_l2(p.block_table + (long long)b0 * p.block_table_stride + t0 / Cfg::PAGE_SIZE);
+      ss.prod_n = 0;
+      ss.prod.init(meta, seqlens);
+      if (ss.prod.valid()) issue_tile();
+    }
+    __syncwarp();
+
+    // Tiles of this CTA (WG0 owns the walk; the P V warpgroups only need the count), counted
+    // before O's registers are live.
     int num_tiles = 0;
     {
       detail::WorkCursor c;
@@ -728,30 +769,13 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         c.seek(seqlens, c.bi + 1);
       }
     }
-    __syncwarp();  // setmaxnreg is .aligned
-    detail::setmaxnreg_dec<Cfg::kRegsPV>();
-    const int half = wg - 1;
-    const int tid_wg = tid % 128;
-    const int lane = tid % 32;
-    const int row0 = (tid_wg / 32) * 16 + lane / 4;
-    const int col_lane = (lane % 4) * 2;
 
     if constexpr (Cfg::kFusedCombine) {
       // No combine kernel: batches without keys get out = 0 / lse = +inf here (WG2 has time for
       // it while WG0 computes the first S).
       if (half == 1) detail::ws_write_empty_batches<Cfg>(p, tid_wg, blockIdx.y, blockIdx.z);
     }
-    if (tid / 32 == 4) {  // the producer's warp
-      // Tile 0 is issued at once, tiles 1 .. NUM_STAGES - 1 once WG0 has its first Q: issued
-      // together, the KV tiles of every CTA (~29 MB) were queued ahead of the small Q loads, which
-      // then landed ~10 us after the CTA started (clock trace, 32/1/4096/16 on the H200). Here,
-      // after this warpgroup's setmaxnreg.dec: WG0's setmaxnreg.inc waits for those registers.
-      if (is_producer) {
-        ss.prod_n = 0;
-        ss.prod.init(meta_ptr(), seqlens);
-        if (ss.prod.valid()) issue_tile();
-      }
-      __syncwarp();
+    if (producer_warp) {
       named_barrier_sync(detail::kBarFirstQ, detail::kFirstQThreads);
       if (is_producer) {
         for (int s = 1; s < NS && ss.prod.valid(); ++s) issue_tile();
