@@ -19,8 +19,10 @@ from bench_decode import DV, H_KV, PAGE, _schedule_setter, make_inputs, time_int
 
 # b, s_q, s_k, h_q: small batches and short sequences (many splits per batch) to the anchor sizes.
 SHAPES = [(1, 1, 512, 16), (4, 1, 512, 16), (4, 1, 4096, 16), (4, 1, 4096, 64), (8, 1, 2048, 128),
-          (16, 1, 4096, 16), (16, 1, 4096, 64), (32, 1, 1024, 64), (32, 1, 4096, 32), (64, 1, 4096, 32),
-          (64, 1, 4096, 64), (128, 1, 1024, 64), (1, 1, 32768, 128), (4, 1, 32768, 64), (32, 2, 4096, 64)]
+          (8, 1, 4096, 16), (16, 1, 4096, 16), (16, 1, 4096, 64), (32, 1, 1024, 16), (32, 1, 1024, 64),
+          (32, 1, 4096, 16), (32, 1, 4096, 32), (64, 1, 2048, 16), (64, 1, 4096, 32), (64, 1, 4096, 64),
+          (128, 1, 1024, 64), (128, 1, 4096, 16), (128, 2, 4096, 128), (1, 1, 32768, 128), (4, 1, 32768, 64),
+          (32, 2, 4096, 64)]
 
 
 def main() -> None:
@@ -41,7 +43,8 @@ def main() -> None:
         fused, unfused = time_interleaved([(_schedule_setter("ws"), call), (_schedule_setter("ws_unfused"), call)],
                                           flush)
         _schedule_setter(None)()
-        auto = fused_combine_pays(b, rows, num_sm_parts(sms, rows, H_KV), DV, block_table.shape[1] * PAGE)
+        auto = fused_combine_pays(b, rows, num_sm_parts(sms, rows, H_KV), DV, block_table.shape[1] * PAGE,
+                                  H_KV * k_cache.shape[-1] * k_cache.element_size())
         rows_out.append({"b": b, "s_q": s_q, "s_k": s_k, "h_q": h_q, "fused_us": fused, "unfused_us": unfused,
                          "auto_fuses": auto})
         print(f"{b:>4} {s_q:>2} {s_k:>6} {h_q:>4} {fused:9.1f} {unfused:10.1f} {unfused / fused:6.3f} "

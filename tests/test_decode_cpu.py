@@ -50,17 +50,24 @@ def test_prewarm_covers_every_preset():
                     decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused")]
 
 
-def test_fused_combine_pays_only_for_small_partials():
-    from mla_jit.configs.decode import fused_combine_pays
-    # (batch, rows, parts, max tokens) -> fused: the anchor shapes measured on the H200.
-    assert fused_combine_pays(128, 128, 66, 512, 65536)       # h_q = 128: ~1.5 splits of 64 rows
-    assert fused_combine_pays(128, 256, 33, 512, 65536)       # s_q = 2
-    assert not fused_combine_pays(128, 64, 132, 512, 65536)   # ~2 splits of 64 rows
-    assert not fused_combine_pays(32, 32, 132, 512, 65536)    # ~5 splits of 32 rows
-    assert not fused_combine_pays(32, 64, 132, 512, 65536)
-    assert fused_combine_pays(32, 64, 132, 512, 64)           # one KV tile: one split
-    assert fused_combine_pays(32, 16, 132, 512, 65536)        # 16 rows: always
-    assert fused_combine_pays(1, 8, 132, 512, 1 << 20)
+def test_fused_combine_pays_only_for_small_calls_with_small_partials():
+    from mla_jit.configs.decode import FUSED_COMBINE_MAX_KV_BYTES, fused_combine_pays
+    # (batch, rows, parts, dv, max tokens[, KV bytes per token]) -> fused.
+    # Large calls (every anchor shape): the combine kernel, whatever the partials.
+    assert not fused_combine_pays(128, 128, 66, 512, 65536)
+    assert not fused_combine_pays(32, 16, 132, 512, 65536)
+    assert not fused_combine_pays(32, 16, 132, 512, 4096)
+    # Small calls (host time bounds them): fused where the partials per batch are small.
+    assert fused_combine_pays(1, 16, 132, 512, 256)            # the host-time shape
+    assert not fused_combine_pays(1, 128, 66, 512, 2048)       # up to 32 splits of 64 rows: 4 MB of partials
+    assert fused_combine_pays(2, 16, 132, 512, 1024)
+    assert not fused_combine_pays(2, 64, 132, 512, 1024)       # 16 splits of 64 rows: 2 MB of partials
+    assert fused_combine_pays(32, 64, 132, 512, 64)            # one KV tile per batch: one split
+    # The size limit is on the KV the block table can address, in bytes.
+    tokens = FUSED_COMBINE_MAX_KV_BYTES // (576 * 2)
+    assert fused_combine_pays(1, 16, 132, 512, tokens)
+    assert not fused_combine_pays(1, 16, 132, 512, tokens + 64)
+    assert fused_combine_pays(1, 16, 132, 512, tokens + 64, kv_bytes_per_token=512 * 2)
 
 
 def test_params_struct_layout_matches_header():

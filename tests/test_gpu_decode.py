@@ -292,7 +292,7 @@ def _growing_scores_inputs(case: DecodeCase, rise: float):
     return q, k_cache, block_table, lens
 
 
-@pytest.mark.parametrize("schedule", ["auto", "ws_unfused", "seesaw"])
+@pytest.mark.parametrize("schedule", ["auto", "ws", "ws_unfused", "seesaw"])
 @pytest.mark.parametrize("case", [DecodeCase(3, 1, 5000, 64, 1, True, False), DecodeCase(2, 2, 3000, 128, 1, False, True),
                                   DecodeCase(5, 1, 700, 16, 1, True, False, page=16)], ids=str)
 def test_scores_growing_along_the_sequence(schedule, case, monkeypatch):

@@ -94,21 +94,29 @@ def metadata_config() -> MetadataConfig:
 
 # Fused combine: the CTA completing a batch merges its fp32 partials alone, with 12 warps of one
 # SM, after its main loop; the combine kernel spreads them over b * h_kv * ceil(rows / 8) CTAs of
-# 8 warps. Fusing saves one launch (~4-5 us of host time) and the combine kernel's latency, so it
-# pays while a tile has few rows (at most 16: the combine kernel has no more warps per batch) or
-# the partials per batch are small. H200, interleaved A/B (bench/compare_fused_combine.py): rows
-# <= 16 0.97-1.09x; h_q = 128 at b = 128 (~190 KB per batch) 1.00-1.015x; 260 KB 0.975-1.016x;
-# 330 KB 0.955x; 0.6-8 MB per batch 0.64-0.94x.
+# 8 warps. Fusing saves one launch (~4-5 us of host time). Since the partials are stored with an
+# L2 evict_last hint (and single-row-tile KV with evict_first), the combine kernel reads them
+# from L2 and is as fast or faster on every shape measured (H200, bench/compare_fused_combine.py,
+# unfused / fused GPU time: 0.44-0.99, e.g. 1/1/512/16 0.65, 32/1/4096/16 0.96, 128/2/4096/128
+# 0.985). So the kernel fuses only where a call is small enough that host time, not GPU time,
+# bounds it: the KV the block table can address is at most FUSED_COMBINE_MAX_KV_BYTES (there a
+# call's GPU time, ~10-25 us, is about its host time).
+FUSED_COMBINE_MAX_KV_BYTES = 4 << 20
+# Within that, the partials per batch must be small (measured before the L2 hints: rows <= 16
+# 0.97-1.09x fused / unfused; ~190 KB per batch 1.00-1.015x; 330 KB 0.955x; 0.6-8 MB 0.64-0.94x).
 FUSED_COMBINE_MAX_BYTES = 200 * 1024
 FUSED_COMBINE_ANY_BYTES_ROWS = 16
 
 
 def fused_combine_pays(batch: int, rows: int, parts: int, head_dim_v: int, max_seq_tokens: int,
-                       block_m: int = BLOCK_M, block_n: int = BLOCK_N) -> bool:
-    """Whether the sm90 ws kernel should merge the splits itself (the "auto" schedule). Partials a
-    completing CTA reads: splits per batch x rows per tile x dv x 4 B, with splits per batch
-    estimated as the scheduler's average (batch + parts) / batch, at most one per KV tile that
-    block_table can address."""
+                       kv_bytes_per_token: int = 576 * 2, block_m: int = BLOCK_M, block_n: int = BLOCK_N) -> bool:
+    """Whether the sm90 ws kernel should merge the splits itself (the "auto" schedule): only for
+    small calls (batch x max_seq_tokens x kv_bytes_per_token, the KV block_table can address, at
+    most FUSED_COMBINE_MAX_KV_BYTES), and then only if the partials a completing CTA reads are
+    small: splits per batch x rows per tile x dv x 4 B, with splits per batch estimated as the
+    scheduler's average (batch + parts) / batch, at most one per KV tile."""
+    if batch * max_seq_tokens * kv_bytes_per_token > FUSED_COMBINE_MAX_KV_BYTES:
+        return False
     tile_rows = min(rows, block_m)
     if tile_rows <= FUSED_COMBINE_ANY_BYTES_ROWS:
         return True

@@ -40,7 +40,7 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
            changes_binary=True),
     EnvVar("MLA_JIT_LOCK_TIMEOUT", "900", "Seconds to wait for another process compiling the same kernel."),
     EnvVar("MLA_JIT_SM90_DECODE_SCHEDULE", "auto",
-           "sm90 split-KV schedule: auto (ws or ws_unfused by shape), ws (one S/softmax warpgroup, two "
+           "sm90 split-KV schedule: auto (ws for small calls, ws_unfused otherwise), ws (one S/softmax warpgroup, two "
            "P V warpgroups, splits merged in the kernel), ws_unfused (the same with a separate combine "
            "kernel), baseline (the first two-warpgroup kernel, kept for comparison) or seesaw "
            "(experimental: two S/softmax warpgroups taking turns, Q in smem, 2 stages)."),

@@ -168,7 +168,8 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int, max_seq_tokens: int):
         family = registry.get("mla_decode_sm90")
         schedule = env.sm90_decode_schedule()
         if schedule == "auto":
-            fused = fused_combine_pays(b, rows, parts, head_dim_v, max_seq_tokens)
+            fused = fused_combine_pays(b, rows, parts, head_dim_v, max_seq_tokens,
+                                       h_kv * d * k_cache.element_size())
             schedule = "ws" if fused else "ws_unfused"
         cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule)
         params, threads, box = (Blob(DECODE_PARAMS.size), TMA_DESC), cfg.num_threads, (min(page_size, cfg.block_n), 1, 64)
