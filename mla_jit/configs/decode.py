@@ -149,7 +149,7 @@ def _sm80_tiles(rows: int, arch: Arch) -> tuple[int, int, int, int]:
     rows <= 16, every arch: 16 x 16, 3 stages, 4 warps, Q in registers (59,392 B: 3 CTAs on a
     228 KB Hopper SM, 2 on A100, 1 on a 100 KB Ada SM).
     sm_80 (163 KB): rows <= 32: 32 x 32, 2 stages, 4 warps (115,328 B: 2 CTAs on Hopper);
-    more rows: 64 x 32, 2 stages, 8 warps (156,928 B).
+    more rows: 64 x 32, 2 stages, 8 warps, QK by quads of warps (165,120 B).
     sm_86 / sm_89 (99 KB): 32 x 16, 3 stages, 4 warps (98,944 B: 2 CTAs on Hopper)."""
     if rows <= 16:
         return (16, 16, 3, 4)
@@ -165,8 +165,10 @@ def _sm80_smem_bytes(block_m: int, block_n: int, stages: int, warps: int, head_d
         return stages * stage + warps * (block_n // 8) * 32 * 16
     wn = warps // (block_m // 16)
     s_nt = block_n // wn // 8
-    quads = block_n == 16 and warps == 2 * (block_m // 16)   # kQKSplit 4: a warp publishes 3 blocks
-    p_x = max(block_m * block_n * 2, warps * (3 if quads else 1) * s_nt * 32 * 16)
+    # kQKSplit 4 (quads): a warp publishes 3 blocks at 16-token tiles, 2 per round (of 2) at 32.
+    quads = warps == 2 * (block_m // 16) and (block_n == 16 or (block_n == 32 and block_m == 64))
+    slots = (3 if block_n == 16 else 2) if quads else 1
+    p_x = max(block_m * block_n * 2, warps * slots * s_nt * 32 * 16)
     return block_m * head_dim * 2 + stages * stage + p_x + 2 * wn * block_m * 4 + block_m * 4
 
 

@@ -92,8 +92,16 @@ struct SplitKVSm80Config {
   // Q in registers: k16 steps of d per warp (warp w takes steps 4 j + w).
   static constexpr int kQKSteps = HEAD_DIM / 16 / NUM_WARPS;
   // Q in smem: QK splits d over kQKSplit warps (2: pairs, 32 rows x WARP_N tokens each; 4: quads,
-  // 32 rows x the whole tile each, used for 16-token tiles where the larger exchange fits).
-  static constexpr int kQKSplit = (!kQInRegs && BLOCK_N == 16 && NUM_WARPS == 2 * WM) ? 4 : 2;
+  // 32 rows x the whole tile each). Quads read Q once per tile instead of once per token group
+  // (pairs: WN times): used for 16-token tiles and for 64 x 32 tiles with 8 warps (the sm_80
+  // tuning's h_q = 64 kernel: 2.18 instead of 2.47 smem wavefronts per mma).
+  static constexpr int kQKSplit =
+      (!kQInRegs && NUM_WARPS == 2 * WM && (BLOCK_N == 16 || (BLOCK_N == 32 && WM == 4))) ? 4 : 2;
+  // Quads reduce-scatter the 4 blocks of their partial S in one round (each warp publishes the 3
+  // blocks it does not own) or, where that buffer does not fit (32-token tiles at 163 KB), in two
+  // rounds of 2 and 1 blocks through a 2-block buffer.
+  static constexpr int kXRounds = (kQKSplit == 4 && BLOCK_N == 32) ? 2 : 1;
+  static constexpr int kXSlots = kQKSplit == 4 ? (kXRounds == 1 ? 3 : 2) : 1;  // blocks a warp publishes at once
 
   static_assert(cute::is_same_v<Element, cutlass::bfloat16_t> || cute::is_same_v<Element, cutlass::half_t>,
                 "bf16 or fp16");
@@ -130,8 +138,7 @@ struct SplitKVSm80Config {
   // xS: one float4 per lane per n8 tile a warp publishes (all BLOCK_N / 8 tiles with Q in registers;
   // the S_NT tiles of the row tile it gives away in a pair; the 3 blocks of S_NT tiles it does not
   // own in a quad).
-  static constexpr int kXBytes =
-      NUM_WARPS * (kQInRegs ? BLOCK_N / 8 : (kQKSplit == 4 ? 3 : 1) * S_NT) * 32 * 16;
+  static constexpr int kXBytes = NUM_WARPS * (kQInRegs ? BLOCK_N / 8 : kXSlots * S_NT) * 32 * 16;
   static constexpr int kPXBytes = kPBytes > kXBytes ? kPBytes : kXBytes;  // P and xS share a region
   static constexpr int kRedBytes = kQInRegs ? 0 : WN * BLOCK_M * 4;
   static constexpr int kOffQ = 0;
@@ -662,7 +669,8 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
   for (int u = 0; u < 4; ++u) v_off[u] = v_base + unsigned(((a_chk + 2 * u) ^ r7) * 16);
   // xS: float4 [warp][slot][n8 tile][lane]. Pairs: one slot, the row tile a warp gives away (read by
   // warp ^ 1). Quads: slots 0..2 = the blocks b != kd in increasing b (block b is owned by warp kd = b).
-  const unsigned x_st = sX + unsigned(warp * (KD == 4 ? 3 : 1) * S_NT * 32 + lane) * 16u;
+  constexpr int XS = Cfg::kXSlots;
+  const unsigned x_st = sX + unsigned(warp * XS * S_NT * 32 + lane) * 16u;
   const unsigned x_ld = sX + unsigned(lane) * 16u;
 
   bool piece_start = true;
@@ -778,32 +786,78 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
         }
       }
       // Quad reduce-scatter: block b = (row tile b & 1, token group b >> 1) belongs to warp kd = b.
+      if constexpr (Cfg::kXRounds == 1) {
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        if (b == kd) {
+        for (int b = 0; b < 4; ++b) {
+          if (b == kd) {
 #pragma unroll
-          for (int nt = 0; nt < S_NT; ++nt)
+            for (int nt = 0; nt < S_NT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s_acc[nt][e] = sp[b & 1][(b >> 1) * S_NT + nt][e];
-        } else {
-          const int slot = b < kd ? b : b - 1;
+              for (int e = 0; e < 4; ++e) s_acc[nt][e] = sp[b & 1][(b >> 1) * S_NT + nt][e];
+          } else {
+            const int slot = b < kd ? b : b - 1;
 #pragma unroll
-          for (int nt = 0; nt < S_NT; ++nt)
-            sm80::sts_f4(x_st + unsigned((slot * S_NT + nt) * 32 * 16), sp[b & 1][(b >> 1) * S_NT + nt]);
+            for (int nt = 0; nt < S_NT; ++nt)
+              sm80::sts_f4(x_st + unsigned((slot * S_NT + nt) * 32 * 16), sp[b & 1][(b >> 1) * S_NT + nt]);
+          }
         }
-      }
-      sm80::group_barrier_sync<Cfg::NUM_WARPS / 4, 4>(rg);
+        sm80::group_barrier_sync<Cfg::NUM_WARPS / 4, 4>(rg);
 #pragma unroll
-      for (int k2 = 0; k2 < 4; ++k2) {
-        if (k2 != kd) {
-          const int slot = kd < k2 ? kd : kd - 1;  // where warp k2 put block kd
+        for (int k2 = 0; k2 < 4; ++k2) {
+          if (k2 != kd) {
+            const int slot = kd < k2 ? kd : kd - 1;  // where warp k2 put block kd
+#pragma unroll
+            for (int nt = 0; nt < S_NT; ++nt) {
+              float v[4];
+              sm80::lds_f4(v, x_ld + unsigned((((4 * rg + k2) * 3 + slot) * S_NT + nt) * 32 * 16));
+#pragma unroll
+              for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
+            }
+          }
+        }
+      } else {
+        // Round 1, with warp kd ^ 2 (the other token group): publish the two blocks of the other
+        // token group (slot = row tile), add the partner's two blocks of this one.
+        const int tg = kd >> 1;
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+          for (int nt = 0; nt < S_NT; ++nt) {
+            float give[4];  // element-wise selects: a select of two array references goes to local memory
+#pragma unroll
+            for (int e = 0; e < 4; ++e) give[e] = tg ? sp[mi][nt][e] : sp[mi][S_NT + nt][e];
+            sm80::sts_f4(x_st + unsigned((mi * S_NT + nt) * 32 * 16), give);
+          }
+        sm80::group_barrier_sync<Cfg::NUM_WARPS / 4, 4>(rg);
+        float kept[2][S_NT][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
           for (int nt = 0; nt < S_NT; ++nt) {
             float v[4];
-            sm80::lds_f4(v, x_ld + unsigned((((4 * rg + k2) * 3 + slot) * S_NT + nt) * 32 * 16));
+            sm80::lds_f4(v, x_ld + unsigned((((warp ^ 2) * XS + mi) * S_NT + nt) * 32 * 16));
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
+            for (int e = 0; e < 4; ++e) kept[mi][nt][e] = (tg ? sp[mi][S_NT + nt][e] : sp[mi][nt][e]) + v[e];
           }
+        sm80::group_barrier_sync<Cfg::NUM_WARPS / 4, 4>(rg);  // the partner read this warp's slots
+        // Round 2, with warp kd ^ 1 (the other row tile): publish its row tile, keep this one.
+        const int mine = kd & 1;
+#pragma unroll
+        for (int nt = 0; nt < S_NT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s_acc[nt][e] = mine ? kept[1][nt][e] : kept[0][nt][e];
+          float give[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) give[e] = mine ? kept[0][nt][e] : kept[1][nt][e];
+          sm80::sts_f4(x_st + unsigned(nt * 32 * 16), give);
+        }
+        sm80::group_barrier_sync<Cfg::NUM_WARPS / 4, 4>(rg);
+#pragma unroll
+        for (int nt = 0; nt < S_NT; ++nt) {
+          float v[4];
+          sm80::lds_f4(v, x_ld + unsigned(((warp ^ 1) * XS * S_NT + nt) * 32 * 16));
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
         }
       }
     }
