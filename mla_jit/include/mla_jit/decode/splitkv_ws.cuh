@@ -51,6 +51,8 @@
 //   warp's previous S wgmma, and published before the next S), tail zeroing -> S, and S(n) of all
 //   four warps done -> P(n) stored over the rope columns that S(n) reads (d = 576).
 //   Named barrier 2 (WG1 + WG2, 256 threads): the fused combine's count (ws_count_split).
+//   Named barrier 3 (WG0 + the producer's warp, 160 threads), once per CTA: WG0 has its first Q
+//   (arrive), so the producer issues tiles 1 .. NUM_STAGES - 1 (tile 0 goes out before it).
 //   After the main loop (fused combine only), WG0 drops to kRegsPV registers and every warp
 //   meets at __syncthreads before step 2.
 // Registers (setmaxnreg; counts must add up to at most the launch allocation, 3 x 168 for
