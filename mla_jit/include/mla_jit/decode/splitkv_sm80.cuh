@@ -619,8 +619,16 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
 
   sm80::KVProducer<Cfg> prod;
   prod.init(meta, seqlens, p, tid);
+  // The first NUM_STAGES - 1 tiles are issued after the first piece's Q loads (below): issued
+  // first, every CTA's KV loads queue ahead of Q's (as in the sm90 ws kernel).
+  bool kv_started = false;
+  auto start_kv = [&]() {
+    if (!kv_started) {
 #pragma unroll
-  for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens);
+      for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens);
+      kv_started = true;
+    }
+  };
 
   // ------------------------------------------------------------------ consumer state
   detail::WorkCursor cur;
@@ -704,6 +712,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
         lim[h] = min(lc, cur.stop);
       }
       piece_start = false;
+      start_kv();
     }
 
     sm80::cp_async_wait<NS - 2>();  // this thread's copies of tile n landed
