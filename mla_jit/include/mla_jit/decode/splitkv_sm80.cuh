@@ -38,15 +38,19 @@
 //     pairs (KD 2; w = (rg, wn, kd), kd = w % 2): rows [32 rg, +32) x the tokens of group wn over
 //               chunks 8 j + 4 kd + {0..3}; the pair swaps the row tiles it does not keep,
 //               wm = 2 rg + kd.
-//     quads (KD 4, 16-token tiles; w = (rg, kd), kd = w % 4): rows [32 rg, +32) x all tokens over
-//               chunks 8 j + 2 kd + {0, 1}; reduce-scatter of the 4 blocks (row tile, token half):
-//               block b = kd is warp kd's, wm = 2 rg + (kd & 1), wn = kd >> 1.
+//     quads (KD 4, 16-token tiles and 64 x 32 tiles of 8 warps; w = (rg, kd), kd = w % 4): rows
+//               [32 rg, +32) x all tokens over chunks 8 j + 2 kd + {0, 1}; reduce-scatter of the 4
+//               blocks (row tile, token half): block b = kd is warp kd's, wm = 2 rg + (kd & 1),
+//               wn = kd >> 1. In one round (16-token tiles: each warp publishes its 3 other blocks)
+//               or, at 32-token tiles, in two (with warp kd ^ 2 the other token half's 2 blocks,
+//               then with warp kd ^ 1 the other row tile; 3 group barriers, a 2-block buffer).
 //               The row max is exchanged through smem (red_max), P goes to smem.
 //   O += P V  : warp w owns all BLOCK_M rows x columns [w * HEAD_DIM_V / W, +HEAD_DIM_V / W) of O
 //               in registers (V read once per CTA through ldmatrix.trans, P read from smem).
-// Per KV tile n (stage n % NUM_STAGES), three CTA barriers and one group barrier:
+// Per KV tile n (stage n % NUM_STAGES), three CTA barriers and one group barrier (three for
+// two-round quads):
 //   wait tile n -> bar A -> cp.async tile n + NS - 1 into the stage freed by tile n - 1
-//   -> partial S -> xS -> group barrier -> S, mask, local row max -> bar B -> online softmax,
+//   -> partial S -> xS -> group barrier(s) -> S, mask, local row max -> bar B -> online softmax,
 //   P -> smem, row rescale -> smem -> bar C -> O = O * rescale + P V.
 // xS and P share one smem region: xS lives from bar A to bar B, P from bar B to the next bar A.
 //
@@ -676,7 +680,8 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
 #pragma unroll
   for (int u = 0; u < 4; ++u) v_off[u] = v_base + unsigned(((a_chk + 2 * u) ^ r7) * 16);
   // xS: float4 [warp][slot][n8 tile][lane]. Pairs: one slot, the row tile a warp gives away (read by
-  // warp ^ 1). Quads: slots 0..2 = the blocks b != kd in increasing b (block b is owned by warp kd = b).
+  // warp ^ 1). One-round quads: slots 0..2 = the blocks b != kd in increasing b (block b is owned by
+  // warp kd = b). Two-round quads: slots 0..1 = the row tiles of round 1, slot 0 again in round 2.
   constexpr int XS = Cfg::kXSlots;
   const unsigned x_st = sX + unsigned(warp * XS * S_NT * 32 + lane) * 16u;
   const unsigned x_ld = sX + unsigned(lane) * 16u;
