@@ -54,6 +54,11 @@ enum : int {
   kMetaBeginSplit = 4, kMetaSize = 8
 };
 
+// Whether a part's metadata range [begin, end) holds any token (a part without work is all zero).
+__device__ __forceinline__ bool meta_has_range(const int* meta) {
+  return meta[kMetaEndBatch] > meta[kMetaBeginBatch] || meta[kMetaEndToken] > meta[kMetaBeginToken];
+}
+
 // Query row r of KV head g (rows of a head group are s-major: r = s * q_per_kv + local head):
 // its query position s and its head in q / out.
 struct QueryRow {

@@ -475,8 +475,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       // Q of b0 (the first piece's batch unless that sequence is empty) into L2 while the walk
       // reads the sequence length: the piece start's loads then wait one round trip less. A part
       // without work has an all-zero (empty) range: nothing to prefetch.
-      const bool has_range = meta[kMetaEndBatch] > b0 || meta[kMetaEndToken] > meta[kMetaBeginToken];
-      if (has_range && b0 < p.b) {
+      if (meta_has_range(meta) && b0 < p.b) {
         const int m_block = blockIdx.z, g = blockIdx.y;
         const char* qb = reinterpret_cast<const char*>(reinterpret_cast<const Element*>(p.q) + (long long)b0 * p.q_stride_b);
         constexpr int kRowBytes = D * int(sizeof(Element)), kLines = (kRowBytes + 127) / 128 + 1;
@@ -762,8 +761,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       const int b0 = meta[kMetaBeginBatch], t0 = meta[kMetaBeginToken];
       // The first tile's block-table entry into L2 while the walk reads the sequence length
       // (only for a non-empty range: with every sequence empty the table may have no columns).
-      const bool has_range = meta[kMetaEndBatch] > b0 || meta[kMetaEndToken] > t0;
-      if (has_range && b0 < p.b)
+      if (meta_has_range(meta) && b0 < p.b)
         detail::prefetch_l2(p.block_table + (long long)b0 * p.block_table_stride + t0 / Cfg::PAGE_SIZE);
       ss.prod_n = 0;
       ss.prod.init(meta, seqlens);
