@@ -19,18 +19,18 @@
 //   WG0 (S + softmax): Q[:, :496] lives in registers for the whole piece (RS wgmma: A from
 //        registers, so the N = 64 S GEMM reads only K from smem); Q[:, 496:512] and, at d = 576,
 //        the 64 rope columns stay in smem and go through SS wgmmas into the same accumulator.
-//        wait full[s] -> (tail: zero K rows >= L) -> S = Q K^T -> mask + online softmax
-//        -> P (bf16/fp16) and the per-row O rescale -> smem slots of stage s -> arrive p_full[s]
-//        -> (piece end) lse. At the last tile of a piece P and the rescale are multiplied by 1/l,
-//        so O comes out normalized. WG0 never waits for P V: S(n+1) and the softmax of n+1
-//        overlap WG1/WG2's P V of tile n on the tensor cores.
+//        wait full[s] -> (tail: zero K rows >= L) -> S(n) = Q K^T -> arrive p_full of tile n-1
+//        -> mask + online softmax (lazy rescaling) -> P (bf16/fp16) and the per-row O rescale
+//        -> smem slots of stage s (stmatrix) -> (piece end: lse, arrive p_full[s] at once).
+//        At the last tile of a piece P and the rescale are multiplied by 1/l, so O comes out
+//        normalized. P(n) is published only once S(n+1) is done, so S has the tensor cores to
+//        itself and P V(n) runs during the softmax of n+1. WG0 never waits for P V.
 //   WG1, WG2 (P V): each owns half of O (64 x DV/2 fp32 in registers).
-//        wait p_full[s] -> O *= rescale -> O += P V[:, half] (SS wgmma, V = the K tile read
-//        through a transposed view; scale-d = 0 on a piece's first tile) -> arrive pv_done[s]
-//        -> (piece end) store O.
-//        Thread 128 (WG1) is the TMA producer: after issuing P V(n) (async) it refills the stage
-//        of tile n-1 with tile n-1+NUM_STAGES once pv_done of tile n-1 completed; its block-table
-//        loads and the wait overlap its own warpgroup's wgmma.
+//        wait p_full[s] -> O *= rescale (skipped where it is 1) -> O += P V[:, half] (SS wgmma,
+//        V = the K tile read through a transposed view; scale-d = 0 on a piece's first tile)
+//        -> arrive pv_done[s] -> (piece end) store O.
+//        Thread 128 (WG1) is the TMA producer: before waiting for P(n) it refills the stage of
+//        tile n-1 with tile n-1+NUM_STAGES once pv_done of tile n-1 completed.
 // K and V are the same smem tile (V = first HEAD_DIM_V columns), so every KV byte crosses HBM once
 // per CTA. P(n) is written into the rope columns [DV, DV + 64) of stage s's K tile once every warp
 // of WG0 finished S(n) (those columns are not part of V), so P lives and dies with its stage and
@@ -40,7 +40,9 @@
 //   full[s]    count 1 + tx: producer arrive_expect_tx + TMA. Waited by WG0 before S / tail
 //              zeroing and (already complete, for visibility of the TMA bytes) by WG1/WG2.
 //   p_full[s]  count 4: lane 0 of each WG0 warp after its P / row_scale / info stores (and
-//              fence.proxy.async, P and the zeroed tail rows are read by wgmma). Waited by WG1/WG2.
+//              fence.proxy.async, P and the zeroed tail rows are read by wgmma) and after S of
+//              the next tile (or at once at a piece's last tile). Waited by WG1/WG2. No cycle:
+//              S(n+1) needs full of n+1, issued after pv_done of n+1-NS <= n-1.
 //   pv_done[s] count 8: lane 0 of each WG1/WG2 warp after wgmma.wait of P V(n) and after reading
 //              row_scale / info. Waited by the producer before refilling stage s with tile n+NS.
 //   Stage s's P, row_scale[s], info[s] (and its K/V rows, which WG0 zeroes for a tail tile) are
@@ -493,6 +495,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     float m_run[2], l_run[2];  // running max (log2 units, scaled) and per-thread partial sum
     int n = 0;                 // tile index: stage n % NS, use n / NS
     bool piece_start = true;
+    int unpublished = -1;      // stage whose P is stored but not yet published (see p_full below)
     if (!cur.valid()) named_barrier_arrive(detail::kBarFirstQ, detail::kFirstQThreads);  // no work: free the producer
     while (cur.valid()) {
       const int tw = detail::ws_opaque(threadIdx.x % 128);
@@ -649,6 +652,14 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         warpgroup_fence_operand(tSrS);
         warpgroup_fence_operand(tSrQ32);
       }
+      // P(n - 1) goes to the P V warpgroups only now that S(n) is done: S then has the tensor
+      // cores to itself, and P V(n - 1) runs during this softmax (tile trace, H200: 4220 -> 3550
+      // cycles per tile at h_q = 128).
+      if (unpublished >= 0) {
+        __syncwarp();
+        if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[unpublished]);
+        unpublished = -1;
+      }
 
       // ---- mask (select, so NaN never survives) ----
       // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1.
@@ -656,14 +667,21 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
 #pragma unroll
       for (int h = 0; h < 2; ++h) lim[h] = detail::visible_keys(p, cur.L, m_block * BM + row0 + 8 * h);
       detail::mask_invisible(tSrS, cur.tok, col_lane, lim);
-      // ---- online softmax (log2 domain) ----
+      // ---- online softmax (log2 domain), lazy rescaling ----
+      // A row's reference max m_run moves only when the tile's max exceeds it by more than
+      // kLazyRescaleLog2 (as in FlashAttention 4): P <= 2^8, and the O scale is exactly 1 for
+      // almost every tile, so the P V warpgroups skip the rescale (their multiplies competed
+      // with this softmax for issue slots).
+      constexpr float kLazyRescaleLog2 = 8.f;
       float sc[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float mx = detail::row_max(tSrS, h);
-        const float m_new = fmaxf(m_run[h], mx * p.scale_log2);
+        const float mx = detail::row_max(tSrS, h) * p.scale_log2;
+        // -inf + 8 is -inf: a row's first visible key always moves it; an all-masked tile never.
+        const bool move = mx > m_run[h] + kLazyRescaleLog2;
+        const float m_new = move ? mx : m_run[h];
         const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
-        sc[h] = detail::ex2_approx(m_run[h] - m_use);
+        sc[h] = move ? detail::ex2_approx(m_run[h] - m_use) : 1.f;
         m_run[h] = m_new;
         const float sum = detail::exp2_row(tSrS, h, p.scale_log2, m_use);
         l_run[h] = l_run[h] * sc[h] + sum;
@@ -698,7 +716,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       } else {
         pbuf = ss.aux + stage * (BM * BN);
       }
-      detail::store_p_slab<Element>(smem_addr(pbuf), row0, col_lane, tSrS);
+      detail::store_p_slab_stsm<Element>(smem_addr(pbuf), tw, tSrS);
       if ((tw & 3) == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) ss.row_scale[stage][row0 + 8 * h] = sc[h];
@@ -728,8 +746,14 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         if (last) store_lse();
       }
       fence_proxy_async_shared();  // P and the zeroed tail rows are read by wgmma (async proxy)
-      __syncwarp();
-      if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[stage]);
+      // Published after S(n + 1) (above), except at a piece's last tile: the P V warpgroups then
+      // store O, and the next piece's first S waits for its Q anyway.
+      unpublished = stage;
+      if (last) {
+        __syncwarp();
+        if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[stage]);
+        unpublished = -1;
+      }
 
       if (last) {
         if constexpr (!Cfg::kFusedCombine) store_lse();
@@ -803,11 +827,20 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     uint32_t phase = 0;
     bool fresh = true;  // first tile of a piece: the P V wgmma overwrites O (scale-d = 0)
     for (int n = 0; n < num_tiles; ++n) {
+      // Refill the stage of tile n - 1 with tile n - 1 + NS as soon as both P V warpgroups are
+      // done with it, before waiting for P(n): P(n) is published only after S(n + 1), whose
+      // bytes may be the ones this issues (NS = 2), and the TMA latency (~3600 cycles at h_q = 128,
+      // H200) needs the head start.
+      if (is_producer && n > 0 && ss.prod.valid()) issue_tile();
+      __syncwarp();  // lane 0 of warp 4 may have diverged into the producer path
       mbarrier_wait(&ss.p_full[stage], phase);
       mbarrier_wait(&ss.full[stage], phase);  // complete already (WG0 waited it): TMA bytes visible
       const float sc0 = ss.row_scale[stage][row0], sc1 = ss.row_scale[stage][row0 + 8];
+      // Lazy rescaling makes the scale exactly 1 on most tiles; a piece's first tile overwrites O.
+      if (!fresh && __any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
 #pragma unroll
-      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+      }
 
       Element* kv = ss.kv[stage];
       Element* pbuf;
@@ -817,11 +850,6 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         pbuf = ss.aux + stage * (BM * BN);
       }
       detail::issue_pv_half<Cfg>(mma_o, tid_wg, pbuf, kv + half * (DV / 2) * BN, tOrO, fresh);
-
-      // While P V(n) runs: refill the stage of tile n-1 with tile n-1+NS (waits until WG2 is done
-      // with tile n-1 as well).
-      if (is_producer && n > 0 && ss.prod.valid()) issue_tile();
-      __syncwarp();  // lane 0 of warp 4 may have diverged into the producer path
 
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
