@@ -656,17 +656,22 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       // cores to itself, and P V(n - 1) runs during this softmax (tile trace, H200: 4220 -> 3550
       // cycles per tile at h_q = 128).
       if (unpublished >= 0) {
+        fence_proxy_async_shared();  // P(n - 1) is read by wgmma (async proxy)
         __syncwarp();
         if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[unpublished]);
         unpublished = -1;
       }
 
       // ---- mask (select, so NaN never survives) ----
-      // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1.
-      int lim[2];
+      // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1. Keys < L - s_q + 1 are
+      // visible to every row, so only a piece's last tile or two get here: the row limits need an
+      // integer division (row / q_per_kv), a dependent chain on WG0's critical path.
+      if (cur.tok + BN > cur.L - (p.causal ? p.s_q - 1 : 0)) {
+        int lim[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) lim[h] = detail::visible_keys(p, cur.L, m_block * BM + row0 + 8 * h);
-      detail::mask_invisible(tSrS, cur.tok, col_lane, lim);
+        for (int h = 0; h < 2; ++h) lim[h] = detail::visible_keys(p, cur.L, m_block * BM + row0 + 8 * h);
+        detail::mask_invisible(tSrS, cur.tok, col_lane, lim);
+      }
       // ---- online softmax (log2 domain), lazy rescaling ----
       // A row's reference max m_run moves only when the tile's max exceeds it by more than
       // kLazyRescaleLog2 (as in FlashAttention 4): P <= 2^8, and the O scale is exactly 1 for
@@ -745,11 +750,12 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       if constexpr (Cfg::kFusedCombine) {
         if (last) store_lse();
       }
-      fence_proxy_async_shared();  // P and the zeroed tail rows are read by wgmma (async proxy)
-      // Published after S(n + 1) (above), except at a piece's last tile: the P V warpgroups then
+      // Published after S(n + 1) (above, with the proxy fence, which waits for the P stores:
+      // here it would delay S(n + 1)), except at a piece's last tile: the P V warpgroups then
       // store O, and the next piece's first S waits for its Q anyway.
       unpublished = stage;
       if (last) {
+        fence_proxy_async_shared();  // P and the zeroed tail rows are read by wgmma (async proxy)
         __syncwarp();
         if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[stage]);
         unpublished = -1;
