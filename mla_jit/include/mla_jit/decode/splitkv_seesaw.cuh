@@ -1,6 +1,7 @@
 // mla_jit decode: the "seesaw" split-KV schedule for sm_90a (MLA_JIT_SM90_DECODE_SCHEDULE=seesaw,
-// experimental: correct on the whole test grid; on par with splitkv_ws.cuh on the longest
-// compute-bound shapes, slower elsewhere; bench/NOTES.md has the measurements). Same contract as
+// experimental: correct on the whole test grid; it was on par with splitkv_ws.cuh only on the
+// longest compute-bound rows, where ws has since become 1.07-1.18x faster (not re-measured against
+// this kernel); bench/NOTES.md has the measurements). Same contract as
 // splitkv_ws.cuh without the fused combine (the combine kernel merges the splits).
 //
 // Grid (num_sm_parts, h_kv, ceil(rows / 64)), 384 threads, 2 KV stages (Q, 64 x d, lives in smem).
