@@ -288,11 +288,10 @@ __device__ __forceinline__ void mla_splitkv_seesaw_body(const DecodeParams& p, c
   };
 
   // Online softmax of S(n) with lazy rescaling: P = exp2(S * scale - m_ref), where a row's
-  // reference max m_ref only moves when the tile's max exceeds it by more than kRescaleLog2 (so
-  // P <= 2^kRescaleLog2 and O rarely needs rescaling). Publishes P(n) into smem, m_ref, the O
+  // reference max m_ref only moves when the tile's max exceeds it by more than kLazyRescaleLog2
+  // (so P <= 2^8 and O rarely needs rescaling). Publishes P(n) into smem, m_ref, the O
   // scale, the partial row sums, whether any row moved (rescale[n % 2]) and, at a piece's last
   // tile, 1/l; returns them (TileScales) for this warpgroup's P V(n).
-  constexpr float kRescaleLog2 = 8.f;
   auto softmax_publish = [&](int n, const TileRef& t) -> TileScales {
     float m_prev[2], l_prev[2];
     if (t.start) {
@@ -316,7 +315,7 @@ __device__ __forceinline__ void mla_splitkv_seesaw_body(const DecodeParams& p, c
       float mx = detail::row_max(tSrS, h);
       mx *= p.scale_log2;
       // -inf - x is -inf, never > mx: an all-masked row keeps m_ref (-inf at a piece start).
-      const bool move = mx > m_prev[h] + kRescaleLog2;
+      const bool move = mx > m_prev[h] + detail::kLazyRescaleLog2;
       m_new[h] = move ? mx : m_prev[h];
       const float m_use = m_new[h] == -kInf ? 0.f : m_new[h];
       sc[h] = move ? detail::ex2_approx(m_prev[h] - m_use) : 1.f;

@@ -673,17 +673,15 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         detail::mask_invisible(tSrS, cur.tok, col_lane, lim);
       }
       // ---- online softmax (log2 domain), lazy rescaling ----
-      // A row's reference max m_run moves only when the tile's max exceeds it by more than
-      // kLazyRescaleLog2 (as in FlashAttention 4): P <= 2^8, and the O scale is exactly 1 for
-      // almost every tile, so the P V warpgroups skip the rescale (their multiplies competed
-      // with this softmax for issue slots).
-      constexpr float kLazyRescaleLog2 = 8.f;
+      // m_run moves only by more than kLazyRescaleLog2: the O scale is exactly 1 for almost
+      // every tile, so the P V warpgroups skip the rescale (their multiplies competed with this
+      // softmax for issue slots).
       float sc[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float mx = detail::row_max(tSrS, h) * p.scale_log2;
         // -inf + 8 is -inf: a row's first visible key always moves it; an all-masked tile never.
-        const bool move = mx > m_run[h] + kLazyRescaleLog2;
+        const bool move = mx > m_run[h] + detail::kLazyRescaleLog2;
         const float m_new = move ? mx : m_run[h];
         const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
         sc[h] = move ? detail::ex2_approx(m_run[h] - m_use) : 1.f;
