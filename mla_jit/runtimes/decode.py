@@ -4,7 +4,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Iterable
 
-from ..configs.decode import (SUPPORTED_HEAD_DIMS, DecodeConfig, MetadataConfig, Sm80DecodeConfig,
+from ..configs.decode import (SUPPORTED_HEAD_DIMS, WS_SCHEDULES, DecodeConfig, MetadataConfig, Sm80DecodeConfig,
                               decode_config, metadata_config, sm80_decode_config)
 from ..dtypes import cpp_type
 from ..jit import env
@@ -65,18 +65,20 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
 
     def render_context(self, cfg: DecodeConfig, arch: ArchPair) -> dict[str, Any]:
         header, config, extra_args, body = self.SCHEDULES[cfg.schedule]
+        if cfg.schedule in WS_SCHEDULES:
+            extra_args += f", {cfg.s_parts}"
         return {"splitkv_entry": self.SPLITKV, "combine_entry": "" if cfg.fused_combine else self.COMBINE,
                 "extra_config_args": extra_args, "dtype": cpp_type(cfg.dtype),
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "page_size": cfg.page_size,
                 "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
-                "schedule": cfg.schedule, "splitkv_header": header, "splitkv_config": config,
+                "schedule": cfg.schedule, "s_parts": cfg.s_parts, "splitkv_header": header, "splitkv_config": config,
                 "splitkv_body": body}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[DecodeConfig]:
         # auto: which of the two a call takes depends on its batch and lengths; warm both.
-        chosen = env.sm90_decode_schedule()
+        chosen, s_parts = env.sm90_decode_schedule(), env.sm90_ws_s_parts()
         schedules = ("ws", "ws_unfused") if chosen == "auto" else (chosen,)
-        configs = (decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch, schedule)
+        configs = (decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch, schedule, s_parts)
                    for p in _preset_shapes(presets) for schedule in schedules)
         return list(dict.fromkeys(configs))
 

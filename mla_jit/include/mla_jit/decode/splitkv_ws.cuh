@@ -22,6 +22,9 @@
 //        wait full[s] -> (tail: zero K rows >= L) -> S(n) = Q K^T -> arrive p_full of tile n-1
 //        -> mask + online softmax (lazy rescaling) -> P (bf16/fp16) and the per-row O rescale
 //        -> smem slots of stage s (stmatrix) -> (piece end: lse, arrive p_full[s] at once).
+//        At S_PARTS = 2 (experimental) S is two 32-token commit groups: the first part's mask
+//        and softmax run while the second's wgmmas do, and p_full of tile n-1 is arrived
+//        between that softmax and the wait for the second part.
 //        At the last tile of a piece P and the rescale are multiplied by 1/l, so O comes out
 //        normalized. P(n) is published only once S(n+1) is done, so S has the tensor cores to
 //        itself and P V(n) runs during the softmax of n+1. WG0 never waits for P V.
@@ -293,7 +296,7 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 }  // namespace detail
 
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
-          int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true>
+          int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int S_PARTS_ = 1>
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_>;
   using Element = Element_;
@@ -331,14 +334,20 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   using SmemLayoutQ16 = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW32_Atom<Element>{},
                                                      cute::Shape<cute::Int<BLOCK_M>, cute::Int<16>>{}));
 
+  // S is computed in kSParts parts of the tile's tokens (a commit group and a 64 x BLOCK_N /
+  // kSParts accumulator each). With 2 the softmax of the first half runs while the tensor cores
+  // compute the second (experimental: not measured yet; 1 is the measured default).
+  static constexpr int kSParts = S_PARTS_;
+  static constexpr int kSPartN = BLOCK_N / kSParts;
+  static_assert(kSParts == 1 || kSParts == 2, "S in one or two token parts");
   // S, register part: A = Q[:, :kQRegCols] from registers, B = K from smem.
   using TiledMmaSRs = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<kQRegCols>>>()));
+                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<kSPartN>, cute::Int<kQRegCols>>>()));
   // S smem part (Q[:, kQRegCols:DV] and the rope): both operands from smem, same accumulator layout.
   using TiledMmaSSs = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<64>>>()));
+                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<kSPartN>, cute::Int<64>>>()));
 
   struct SharedStorage {
     alignas(1024) Element kv[NUM_STAGES][BLOCK_N * HEAD_DIM];
@@ -467,8 +476,12 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     Tensor tSrQ = make_tensor<Element>(partition_shape_A(mma_rs, Shape<Int<BM>, Int<kQRegCols>>{}));
     Tensor tSrQ32 = recast<uint32_t>(tSrQ);
     static_assert(decltype(size(tSrQ32))::value == BM * kQRegCols / 2 / 128, "Q fragment");
-    Tensor tSrS = partition_fragment_C(mma_rs, Shape<Int<BM>, Int<BN>>{});
-    static_assert(decltype(size(tSrS))::value == BN / 2, "S fragment");
+    // S of a tile in kSParts token parts, one accumulator each: element i of part t is at row
+    // row0 + 8 ((i / 2) % 2), column t kSPartN + (i / 4) 8 + col_lane + i % 2.
+    constexpr int kSParts = Cfg::kSParts, kSPartN = Cfg::kSPartN;
+    using FragS = decltype(partition_fragment_C(mma_rs, Shape<Int<BM>, Int<kSPartN>>{}));
+    FragS tSrS[kSParts];
+    static_assert(decltype(size(tSrS[0]))::value == kSPartN / 2, "S fragment");
 
     detail::WsCursor cur;
     {
@@ -619,76 +632,117 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         named_barrier_sync(kBarWG0, 128);
       }
 
-      // ---- S = Q K^T: Q[:, :kQRegCols] RS (Q from registers), the rest SS ----
+      // ---- S = Q K^T, one commit group per token part: Q[:, :kQRegCols] RS (Q from registers), the rest SS ----
       {
         auto thr_rs = mma_rs.get_thread_slice(tw);
         typename Cfg::TiledMmaSSs mma_ss;
         auto thr_ss = mma_ss.get_thread_slice(tw);
         Tensor sK = make_tensor(make_smem_ptr(kv), typename Cfg::SmemLayoutK{});
-        Tensor tSrK = thr_rs.partition_fragment_B(sK);    // (MMA, 1, D / 16)
-        Tensor tSsK = thr_ss.partition_fragment_B(sK);    // same descriptors, SS atom
         Tensor sQ16 = make_tensor(make_smem_ptr(ss.q16), typename Cfg::SmemLayoutQ16{});
         Tensor tSrQ16 = thr_ss.partition_fragment_A(sQ16);  // (MMA, 1, 1)
         constexpr int kRegK = kQRegCols / 16;
         warpgroup_fence_operand(tSrQ32);
-        warpgroup_fence_operand(tSrS);
+#pragma unroll
+        for (int t = 0; t < kSParts; ++t) warpgroup_fence_operand(tSrS[t]);
         warpgroup_arrive();
-        mma_rs.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
-        for (int k = 0; k < kRegK; ++k) {
-          gemm(mma_rs, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
-          mma_rs.accumulate_ = GMMA::ScaleOut::One;
-        }
-        mma_ss.accumulate_ = GMMA::ScaleOut::One;
-        gemm(mma_ss, tSrQ16(_, _, 0), tSsK(_, _, kRegK), tSrS);
-        if constexpr (Cfg::kPInRope) {
-          Tensor sQr = make_tensor(make_smem_ptr(ss.aux), typename Cfg::SmemLayoutSlab{});
-          Tensor tSrQr = thr_ss.partition_fragment_A(sQr);  // (MMA, 1, 4)
+        for (int t = 0; t < kSParts; ++t) {
+          Tensor sKt = local_tile(sK, Shape<Int<kSPartN>, Int<D>>{}, make_coord(t, 0));  // tokens of part t
+          Tensor tSrK = thr_rs.partition_fragment_B(sKt);  // (MMA, 1, D / 16)
+          Tensor tSsK = thr_ss.partition_fragment_B(sKt);  // same descriptors, SS atom
+          mma_rs.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
-          for (int k = 0; k < size<2>(tSrQr); ++k) gemm(mma_ss, tSrQr(_, _, k), tSsK(_, _, DV / 16 + k), tSrS);
+          for (int k = 0; k < kRegK; ++k) {
+            gemm(mma_rs, tSrQ(_, _, k), tSrK(_, _, k), tSrS[t]);
+            mma_rs.accumulate_ = GMMA::ScaleOut::One;
+          }
+          mma_ss.accumulate_ = GMMA::ScaleOut::One;
+          gemm(mma_ss, tSrQ16(_, _, 0), tSsK(_, _, kRegK), tSrS[t]);
+          if constexpr (Cfg::kPInRope) {
+            Tensor sQr = make_tensor(make_smem_ptr(ss.aux), typename Cfg::SmemLayoutSlab{});
+            Tensor tSrQr = thr_ss.partition_fragment_A(sQr);  // (MMA, 1, 4)
+#pragma unroll
+            for (int k = 0; k < size<2>(tSrQr); ++k) gemm(mma_ss, tSrQr(_, _, k), tSsK(_, _, DV / 16 + k), tSrS[t]);
+          }
+          warpgroup_commit_batch();
         }
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
-        warpgroup_fence_operand(tSrQ32);
-      }
-      // P(n - 1) goes to the P V warpgroups only now that S(n) is done: S then has the tensor
-      // cores to itself, and P V(n - 1) runs during this softmax (tile trace, H200: 4220 -> 3550
-      // cycles per tile at h_q = 128).
-      if (unpublished >= 0) {
-        fence_proxy_async_shared();  // P(n - 1) is read by wgmma (async proxy)
-        __syncwarp();
-        if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[unpublished]);
-        unpublished = -1;
       }
 
-      // ---- mask (select, so NaN never survives) ----
+      // P(n - 1) goes to the P V warpgroups only once S(n) is done (or, with two parts, once the
+      // first part's softmax is): S then has the tensor cores to itself, and P V(n - 1) runs
+      // during this softmax (tile trace, H200: 4220 -> 3550 cycles per tile at h_q = 128).
+      auto publish_previous_p = [&]() {
+        if (unpublished >= 0) {
+          fence_proxy_async_shared();  // P(n - 1) is read by wgmma (async proxy)
+          __syncwarp();
+          if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[unpublished]);
+          unpublished = -1;
+        }
+      };
       // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1. Keys < L - s_q + 1 are
-      // visible to every row, so only a piece's last tile or two get here: the row limits need an
+      // visible to every row, so only a piece's last tile or two mask: the row limits need an
       // integer division (row / q_per_kv), a dependent chain on WG0's critical path.
-      if (cur.tok + BN > cur.L - (p.causal ? p.s_q - 1 : 0)) {
-        int lim[2];
+      const bool need_mask = cur.tok + BN > cur.L - (p.causal ? p.s_q - 1 : 0);
+      int lim[2] = {0, 0};
+      // O rescale of this tile: the product of the parts' reference moves.
+      float sc[2] = {1.f, 1.f};
+      // ---- per part: mask (a select, so NaN never survives), online softmax (log2 domain) ----
+      // Lazy rescaling: m_run moves only by more than kLazyRescaleLog2, so the O scale is exactly
+      // 1 for almost every tile and the P V warpgroups skip the rescale (their multiplies
+      // competed with this softmax for issue slots).
+      cute::for_each(cute::make_int_sequence<kSParts>{}, [&](auto part) {
+        constexpr int t = decltype(part)::value;
+        if constexpr (t == kSParts - 1 && kSParts > 1) {
+          // A branch between the previous part's softmax and the wait below: within one basic
+          // block ptxas hoists the wait above that softmax, and nothing would overlap the wgmmas.
+          publish_previous_p();
+        }
+        warpgroup_wait<kSParts - 1 - t>();
+        warpgroup_fence_operand(tSrS[t]);
+        if constexpr (t == kSParts - 1) {
+          warpgroup_fence_operand(tSrQ32);
+          if constexpr (kSParts == 1) publish_previous_p();
+        }
+        if (need_mask) {
+          if constexpr (t == 0) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) lim[h] = detail::visible_keys(p, cur.L, m_block * BM + row0 + 8 * h);
-        detail::mask_invisible(tSrS, cur.tok, col_lane, lim);
-      }
-      // ---- online softmax (log2 domain), lazy rescaling ----
-      // m_run moves only by more than kLazyRescaleLog2: the O scale is exactly 1 for almost
-      // every tile, so the P V warpgroups skip the rescale (their multiplies competed with this
-      // softmax for issue slots).
-      float sc[2];
+            for (int h = 0; h < 2; ++h) lim[h] = detail::visible_keys(p, cur.L, m_block * BM + row0 + 8 * h);
+          }
+          detail::mask_invisible(tSrS[t], cur.tok + t * kSPartN, col_lane, lim);
+        }
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float mx = detail::row_max(tSrS, h) * p.scale_log2;
-        // -inf + 8 is -inf: a row's first visible key always moves it; an all-masked tile never.
-        const bool move = mx > m_run[h] + detail::kLazyRescaleLog2;
-        const float m_new = move ? mx : m_run[h];
-        const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
-        sc[h] = move ? detail::ex2_approx(m_run[h] - m_use) : 1.f;
-        m_run[h] = m_new;
-        const float sum = detail::exp2_row(tSrS, h, p.scale_log2, m_use);
-        l_run[h] = l_run[h] * sc[h] + sum;
-      }
+        for (int h = 0; h < 2; ++h) {
+          const float mx = detail::row_max(tSrS[t], h) * p.scale_log2;
+          // -inf + 8 is -inf: a row's first visible key always moves it; an all-masked part never.
+          const bool move = mx > m_run[h] + detail::kLazyRescaleLog2;
+          const float m_new = move ? mx : m_run[h];
+          const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
+          const float f = move ? detail::ex2_approx(m_run[h] - m_use) : 1.f;
+          if constexpr (t > 0) {
+            // Rare: this part moved the reference, so the earlier parts' P (computed against the
+            // old one) scales like O and the sum. A warp-uniform branch: with the multiplies
+            // unconditional, ptxas sinks the earlier part's softmax below the wait for this part.
+            if (__any_sync(0xffffffffu, move)) {
+#pragma unroll
+              for (int u = 0; u < t; ++u) detail::scale_row(tSrS[u], h, f);
+            }
+          }
+          sc[h] *= f;
+          m_run[h] = m_new;
+          const float sum = detail::exp2_row(tSrS[t], h, p.scale_log2, m_use);
+          l_run[h] = l_run[h] * f + sum;
+        }
+        if constexpr (t < kSParts - 1) {
+          // This part's softmax stays before the wait for the next part (volatile operand fences).
+          warpgroup_fence_operand(tSrS[t]);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            warpgroup_fence_operand(m_run[h]);
+            warpgroup_fence_operand(l_run[h]);
+            warpgroup_fence_operand(sc[h]);
+          }
+        }
+      });
 
       // ---- piece end: l, lse; P and the O rescale of this tile are scaled by 1/l ----
       const bool last = cur.tok + BN >= cur.stop;
@@ -704,10 +758,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
           // In place (no second copy of P in registers: WG0 has none to spare).
           sc[h] *= inv_l;
 #pragma unroll
-          for (int j = 0; j < size(tSrS) / 4; ++j) {
-            tSrS(j * 4 + h * 2) *= inv_l;
-            tSrS(j * 4 + h * 2 + 1) *= inv_l;
-          }
+          for (int t = 0; t < kSParts; ++t) detail::scale_row(tSrS[t], h, inv_l);
         }
       }
 
@@ -719,7 +770,8 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       } else {
         pbuf = ss.aux + stage * (BM * BN);
       }
-      detail::store_p_slab_stsm<Element>(smem_addr(pbuf), tw, tSrS);
+#pragma unroll
+      for (int t = 0; t < kSParts; ++t) detail::store_p_slab_stsm<Element>(smem_addr(pbuf), tw, tSrS[t], t * kSPartN / 8);
       if ((tw & 3) == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) ss.row_scale[stage][row0 + 8 * h] = sc[h];
