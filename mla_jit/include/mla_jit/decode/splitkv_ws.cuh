@@ -710,27 +710,35 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
           }
           detail::mask_invisible(tSrS[t], cur.tok + t * kSPartN, col_lane, lim);
         }
+        float m_use[2], f[2];
+        bool move[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const float mx = detail::row_max(tSrS[t], h) * p.scale_log2;
           // -inf + 8 is -inf: a row's first visible key always moves it; an all-masked part never.
-          const bool move = mx > m_run[h] + detail::kLazyRescaleLog2;
-          const float m_new = move ? mx : m_run[h];
-          const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
-          const float f = move ? detail::ex2_approx(m_run[h] - m_use) : 1.f;
-          if constexpr (t > 0) {
-            // Rare: this part moved the reference, so the earlier parts' P (computed against the
-            // old one) scales like O and the sum. A warp-uniform branch: with the multiplies
-            // unconditional, ptxas sinks the earlier part's softmax below the wait for this part.
-            if (__any_sync(0xffffffffu, move)) {
+          move[h] = mx > m_run[h] + detail::kLazyRescaleLog2;
+          const float m_new = move[h] ? mx : m_run[h];
+          m_use[h] = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
+          f[h] = move[h] ? detail::ex2_approx(m_run[h] - m_use[h]) : 1.f;
+          sc[h] *= f[h];
+          m_run[h] = m_new;
+        }
+        if constexpr (t > 0) {
+          // Rare: this part moved a row's reference, so the earlier parts' P (computed against the
+          // old one) scales like O and the sum. A warp-uniform branch: with the multiplies
+          // unconditional, ptxas sinks the earlier part's softmax below the wait for this part.
+          if (__any_sync(0xffffffffu, move[0] || move[1])) {
 #pragma unroll
-              for (int u = 0; u < t; ++u) detail::scale_row(tSrS[u], h, f);
+            for (int u = 0; u < t; ++u) {
+#pragma unroll
+              for (int h = 0; h < 2; ++h) detail::scale_row(tSrS[u], h, f[h]);
             }
           }
-          sc[h] *= f;
-          m_run[h] = m_new;
-          const float sum = detail::exp2_row(tSrS[t], h, p.scale_log2, m_use);
-          l_run[h] = l_run[h] * f + sum;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float sum = detail::exp2_row(tSrS[t], h, p.scale_log2, m_use[h]);
+          l_run[h] = l_run[h] * f[h] + sum;
         }
         if constexpr (t < kSParts - 1) {
           // This part's softmax stays before the wait for the next part (volatile operand fences).
