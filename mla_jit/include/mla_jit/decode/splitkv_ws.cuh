@@ -696,6 +696,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
           // A branch between the previous part's softmax and the wait below: within one basic
           // block ptxas hoists the wait above that softmax, and nothing would overlap the wgmmas.
           publish_previous_p();
+          __syncwarp();  // lane 0 arrived alone: reconverge before the .aligned wait
         }
         warpgroup_wait<kSParts - 1 - t>();
         warpgroup_fence_operand(tSrS[t]);
