@@ -4,9 +4,12 @@ Inputs as FlashMLA's dense decode test: d=576, dv=512, h_kv=1, page 64, randomly
 table, varlen lengths ~ Normal(s_k, s_k/2) clipped at s_q (seed 0), q and k ~ N(0, 0.1^2) clipped
 to [-1, 1]. Time: the whole call (metadata computed once and reused; split-KV + combine), CUDA
 events, L2 flushed before each of 20 iterations, median.
-Usage: python bench/bench_decode.py [--json PATH] [--rows N] [--schedule S] [--arch A] [--against S]
+Usage: python bench/bench_decode.py [--json PATH] [--rows N] [--schedule S] [--arch A]
+                                    [--against S | --against-env NAME=VALUE]
 --against S times the sm90 schedule S too, interleaved call by call with the default one (A B A B),
 and prints the ratio: the way to compare two kernels (clocks drift between runs and machines).
+--against-env NAME=VALUE does the same for a kernel picked by an environment variable (e.g.
+MLA_JIT_SM90_WS_S_PARTS=2), the first variant keeping the variable as the process has it.
 """
 from __future__ import annotations
 
@@ -72,12 +75,14 @@ def time_interleaved(variants, flush: torch.Tensor, iters: int = 20) -> list[flo
     return [statistics.median(t) for t in times]
 
 
-def _schedule_setter(schedule: str | None):
+def _env_setter(values: dict[str, str | None]):
+    """A setup that sets (or, for None, removes) these environment variables."""
     def setup():
-        if schedule is None:
-            os.environ.pop("MLA_JIT_SM90_DECODE_SCHEDULE", None)
-        else:
-            os.environ["MLA_JIT_SM90_DECODE_SCHEDULE"] = schedule
+        for name, value in values.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return setup
 
 
@@ -105,16 +110,29 @@ def main() -> None:
                         "default: the GPU's own")
     parser.add_argument("--schedule", choices=("baseline", "ws", "ws_unfused", "seesaw"),
                         help="sm90 split-KV schedule (sets MLA_JIT_SM90_DECODE_SCHEDULE)")
-    parser.add_argument("--against", choices=("baseline", "ws", "ws_unfused", "seesaw"),
-                        help="also time this sm90 schedule, interleaved with the first, and print the ratio")
+    contender = parser.add_mutually_exclusive_group()
+    contender.add_argument("--against", choices=("baseline", "ws", "ws_unfused", "seesaw"),
+                           help="also time this sm90 schedule, interleaved with the first, and print the ratio")
+    contender.add_argument("--against-env", metavar="NAME=VALUE",
+                           help="also time the kernel this environment setting picks, interleaved, with the ratio")
     args = parser.parse_args()
     if args.arch:
         os.environ["MLA_JIT_ARCH"] = args.arch
     if args.schedule:
         os.environ["MLA_JIT_SM90_DECODE_SCHEDULE"] = args.schedule
-    variants = [_schedule_setter(args.schedule or os.environ.get("MLA_JIT_SM90_DECODE_SCHEDULE"))]
+    schedule_var = "MLA_JIT_SM90_DECODE_SCHEDULE"
+    first = {schedule_var: args.schedule or os.environ.get(schedule_var)}
+    contender = None
     if args.against:
-        variants.append(_schedule_setter(args.against))
+        contender = {schedule_var: args.against}
+    elif args.against_env:
+        name, sep, value = args.against_env.partition("=")
+        if not sep or not name:
+            parser.error("--against-env expects NAME=VALUE")
+        first[name] = os.environ.get(name)
+        contender = {**first, name: value}
+    args.against = args.against or args.against_env
+    variants = [_env_setter(first)] + ([_env_setter(contender)] if contender else [])
     flush = torch.empty(2 ** 30 // 4 * 2, dtype=torch.float32, device="cuda")  # 2 GB > L2
     results = []
     for b, s_q, s_k, h_q, causal, anchor_us in ANCHOR_ROWS[:args.rows]:
