@@ -4,7 +4,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Iterable
 
-from ..configs.decode import (SUPPORTED_HEAD_DIMS, WS_SCHEDULES, DecodeConfig, MetadataConfig, Sm80DecodeConfig,
+from ..configs.decode import (SUPPORTED_HEAD_DIMS, DecodeConfig, MetadataConfig, Sm80DecodeConfig,
                               decode_config, metadata_config, sm80_decode_config)
 from ..dtypes import cpp_type
 from ..jit import env
@@ -55,20 +55,20 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
     def entry_points(self, cfg: DecodeConfig) -> tuple[str, ...]:
         return (self.SPLITKV,) if cfg.fused_combine else (self.SPLITKV, self.COMBINE)
 
-    # schedule -> (header, config struct, arguments after the stage count, device body)
+    # schedule -> (header, config struct, arguments after the stage count ({s_parts}: the config's),
+    # device body)
     SCHEDULES = {
         "baseline": ("mla_jit/decode/splitkv.cuh", "SplitKVConfig", "", "mla_splitkv_body"),
-        "ws": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", true", "mla_splitkv_ws_body"),
-        "ws_unfused": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", false", "mla_splitkv_ws_body"),
+        "ws": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", true, {s_parts}", "mla_splitkv_ws_body"),
+        "ws_unfused": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", false, {s_parts}",
+                       "mla_splitkv_ws_body"),
         "seesaw": ("mla_jit/decode/splitkv_seesaw.cuh", "SplitKVSeesawConfig", "", "mla_splitkv_seesaw_body"),
     }
 
     def render_context(self, cfg: DecodeConfig, arch: ArchPair) -> dict[str, Any]:
         header, config, extra_args, body = self.SCHEDULES[cfg.schedule]
-        if cfg.schedule in WS_SCHEDULES:
-            extra_args += f", {cfg.s_parts}"
         return {"splitkv_entry": self.SPLITKV, "combine_entry": "" if cfg.fused_combine else self.COMBINE,
-                "extra_config_args": extra_args, "dtype": cpp_type(cfg.dtype),
+                "extra_config_args": extra_args.format(s_parts=cfg.s_parts), "dtype": cpp_type(cfg.dtype),
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "page_size": cfg.page_size,
                 "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
                 "schedule": cfg.schedule, "s_parts": cfg.s_parts, "splitkv_header": header, "splitkv_config": config,

@@ -671,11 +671,14 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       // P(n - 1) goes to the P V warpgroups only once S(n) is done (or, with two parts, once the
       // first part's softmax is): S then has the tensor cores to itself, and P V(n - 1) runs
       // during this softmax (tile trace, H200: 4220 -> 3550 cycles per tile at h_q = 128).
+      auto publish_p = [&](int st) {
+        fence_proxy_async_shared();  // P and the zeroed tail rows are read by wgmma (async proxy)
+        __syncwarp();
+        if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[st]);
+      };
       auto publish_previous_p = [&]() {
         if (unpublished >= 0) {
-          fence_proxy_async_shared();  // P(n - 1) is read by wgmma (async proxy)
-          __syncwarp();
-          if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[unpublished]);
+          publish_p(unpublished);
           unpublished = -1;
         }
       };
@@ -814,9 +817,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       // store O, and the next piece's first S waits for its Q anyway.
       unpublished = stage;
       if (last) {
-        fence_proxy_async_shared();  // P and the zeroed tail rows are read by wgmma (async proxy)
-        __syncwarp();
-        if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[stage]);
+        publish_p(stage);
         unpublished = -1;
       }
 
