@@ -9,7 +9,7 @@ Usage: python bench/bench_decode.py [--json PATH] [--rows N] [--schedule S] [--a
 --against S times the sm90 schedule S too, interleaved call by call with the default one (A B A B),
 and prints the ratio: the way to compare two kernels (clocks drift between runs and machines).
 --against-env NAME=VALUE does the same for a kernel picked by an environment variable (e.g.
-MLA_JIT_SM90_WS_S_PARTS=2), the first variant keeping the variable as the process has it.
+MLA_JIT_SM90_DECODE_SCHEDULE=ws_unfused), the first variant keeping the variable as the process has it.
 """
 from __future__ import annotations
 

@@ -22,15 +22,6 @@ python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache \
   --config "mla_decode_sm90:dtype=bf16,head_dim=512,page_size=64,$cfg" \
   --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=64,${cfg/%ws/ws_unfused}" \
   --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=16,${cfg/%ws/ws_unfused}" 2>&1 | tail -n 3
-# S in two token parts (MLA_JIT_SM90_WS_S_PARTS=2, experimental), as its tests use it.
-two=()
-for sch in ws ws_unfused; do
-  for shape in "bf16,head_dim=576,page_size=64" "bf16,head_dim=576,page_size=16" "bf16,head_dim=576,page_size=256" \
-               "fp16,head_dim=576,page_size=64" "bf16,head_dim=512,page_size=64"; do
-    two+=(--config "mla_decode_sm90:dtype=$shape,${cfg/%ws/$sch},s_parts=2")
-  done
-done
-python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache "${two[@]}" 2>&1 | tail -n 1
 # The Ampere/Ada family, as the tests force it on this GPU (tuning@target).
 python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache --arch sm_80@sm_90a --arch sm_89@sm_90a \
   2>&1 | tail -n 1

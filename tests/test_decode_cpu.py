@@ -26,8 +26,8 @@ def test_every_supported_config_renders():
     family = registry.get("mla_decode_sm90")
     names = set()
     for dtype, (d, dv), page in itertools.product(("bf16", "fp16"), SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES):
-        for schedule, struct, tail, combine in (("ws", "SplitKVWsConfig", "3, true, 1>", False),
-                                                ("ws_unfused", "SplitKVWsConfig", "3, false, 1>", True),
+        for schedule, struct, tail, combine in (("ws", "SplitKVWsConfig", "3, true>", False),
+                                                ("ws_unfused", "SplitKVWsConfig", "3, false>", True),
                                                 ("baseline", "SplitKVConfig", "2>", True),
                                                 ("seesaw", "SplitKVSeesawConfig", "2>", True)):
             cfg = decode_config(dtype, d, dv, page, SM90.tuning, schedule)
@@ -40,24 +40,19 @@ def test_every_supported_config_renders():
             names.add(src.name)
     assert len(names) == 4 * 2 * len(SUPPORTED_HEAD_DIMS) * len(SUPPORTED_PAGE_SIZES)
     assert decode_config("bf16", 576, 512, 64, SM90.tuning).schedule == "ws"  # the default
-    # S in two token parts: a template argument of the ws kernels only, another kernel name.
-    two = decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused", 2)
-    assert "64, 64, 3, false, 2>" in family.source(two, SM90).source
-    assert family.source(two, SM90).name not in names
-    assert decode_config("bf16", 576, 512, 64, SM90.tuning, "seesaw", 2).s_parts == 1
+    assert "64, 64, 3, false>" in family.source(decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused"),
+                                                SM90).source
 
 
-def test_s_parts_env_var_picks_the_kernel(monkeypatch):
+def test_schedule_env_var_is_part_of_the_plan_key(monkeypatch):
     from mla_jit.errors import MlaJitError
     from mla_jit.jit import env
-    family = registry.get("mla_decode_sm90")
-    monkeypatch.setenv("MLA_JIT_SM90_WS_S_PARTS", "2")
-    assert env.sm90_ws_s_parts() == 2
-    assert all(cfg.s_parts == 2 for cfg in family.prewarm_configs(SM90.tuning, presets.resolve(["deepseek-v3"])))
-    assert env.plan_inputs()[2] in ("2", b"2")  # raw environ value, part of the ops' plan key: another value, another plan
-    monkeypatch.setenv("MLA_JIT_SM90_WS_S_PARTS", "3")
-    with pytest.raises(MlaJitError, match="MLA_JIT_SM90_WS_S_PARTS"):
-        env.sm90_ws_s_parts()
+    monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", "ws_unfused")
+    assert env.sm90_decode_schedule() == "ws_unfused"
+    assert env.plan_inputs()[1] in ("ws_unfused", b"ws_unfused")  # raw environ value: another value, another plan
+    monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", "fastest")
+    with pytest.raises(MlaJitError, match="MLA_JIT_SM90_DECODE_SCHEDULE"):
+        env.sm90_decode_schedule()
 
 
 def test_prewarm_covers_every_preset():
@@ -103,7 +98,6 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning)),
                              ("mla_decode_sm90", decode_config("bf16", 512, 512, 16, SM90.tuning)),
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused")),
-                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "ws", 2)),
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "baseline")),
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "seesaw"))):
         family = registry.get(family_name)
@@ -111,10 +105,10 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
         for entry in family.entry_points(cfg):
             report = binary.log.split(f"Function properties for {entry}")[1].splitlines()[1]
             assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
-        # ptxas's wgmma advisories: C7517 (a warpgroup.wait it had to inject), C7518 / C7520 (every
-        # wgmma serialized, for a wait or an arrive it put in a divergent path). Any one costs a
-        # large part of the kernel's speed.
-        assert not any(code in binary.log for code in ("C7517", "C7518", "C7520")), binary.log
+        # ptxas's wgmma advisories: C7517 (a warpgroup.wait it had to inject), C7515 / C7518 / C7520
+        # (every wgmma serialized: a non-wgmma definition of an accumulator in flight, a wait or an
+        # arrive it put in a divergent path). Any one costs a large part of the kernel's speed.
+        assert not any(code in binary.log for code in ("C7515", "C7517", "C7518", "C7520")), binary.log
         assert b"mla_jit_decode_splitkv_smem_bytes" in binary.cubin or family_name == "mla_metadata"
 
 
@@ -162,26 +156,25 @@ def test_sm80_family_compiles_without_spills_with_hmma_and_cp_async(arch_name, r
 
 @pytest.mark.slow
 @pytest.mark.parametrize("d,page", [(576, 64), (512, 16)])
-def test_ws_two_s_parts_overlap_the_first_softmax_with_the_second_wgmmas(d, page, cache_root, tmp_path):
-    """With S in two parts the first part's exponentials must sit between the wait for the first
-    commit group and the wait for the second: ptxas is free to move arithmetic across a
-    wgmma.wait_group within a basic block, and then nothing overlaps (splitkv_ws.cuh)."""
+def test_ws_fences_the_previous_p_while_s_runs(d, page, cache_root, tmp_path):
+    """WG0 fences P(n - 1)'s stores for the async proxy between issuing S(n) and waiting for it, so
+    the fence's latency hides behind the wgmmas: ptxas must not move the wait above the fence."""
     import re
     import subprocess
     tool, tool_env = _cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     family = registry.get("mla_decode_sm90")
-    binary = build(family.source(decode_config("bf16", d, 512, page, SM90.tuning, "ws", 2), SM90))
+    binary = build(family.source(decode_config("bf16", d, 512, page, SM90.tuning, "ws"), SM90))
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(binary.cubin)
     sass = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True,
                           env=tool_env).stdout
-    ops = re.findall(r"(WARPGROUP\.DEPBAR\.LE gsb0, 0x[01]|MUFU\.EX2|HGMMA\.64x32x16)", sass)
-    first = ops.index("WARPGROUP.DEPBAR.LE gsb0, 0x1")  # the main loop's wait for the first part
-    assert ops[first - 1] == "HGMMA.64x32x16"
-    between = ops[first + 1:ops.index("WARPGROUP.DEPBAR.LE gsb0, 0x0", first)]
-    assert between.count("MUFU.EX2") >= 16, between  # 16 per thread per part (2 rows x 8)
+    ops = re.findall(r"(HGMMA\.64x64x16\.F32\.BF16|WARPGROUP\.DEPBAR\.LE gsb0, 0x0|FENCE\.VIEW\.ASYNC\.S)", sass)
+    # The tile loop's top: S's 64 x 64 wgmmas (issued at the end of the previous tile), the fence,
+    # then the wait.
+    assert any(ops[i:i + 3] == ["HGMMA.64x64x16.F32.BF16", "FENCE.VIEW.ASYNC.S", "WARPGROUP.DEPBAR.LE gsb0, 0x0"]
+               for i in range(len(ops) - 2)), ops
 
 
 def test_sm80_smem_limit_is_enforced_at_compile_time(cache_root):

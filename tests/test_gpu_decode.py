@@ -292,16 +292,13 @@ def _growing_scores_inputs(case: DecodeCase, rise: float):
     return q, k_cache, block_table, lens
 
 
-@pytest.mark.parametrize("schedule", ["auto", "ws", "ws_unfused", "seesaw", "ws_unfused/s_parts=2"])
+@pytest.mark.parametrize("schedule", ["auto", "ws", "ws_unfused", "seesaw"])
 @pytest.mark.parametrize("case", [DecodeCase(3, 1, 5000, 64, 1, True, False), DecodeCase(2, 2, 3000, 128, 1, False, True),
                                   DecodeCase(5, 1, 700, 16, 1, True, False, page=16)], ids=str)
 def test_scores_growing_along_the_sequence(schedule, case, monkeypatch):
     """The online softmax's rescaling paths (a row max that keeps growing, by 60 natural units over
-    a sequence) against the reference, with an explicit softmax_scale of 1. With S in two parts
-    the second part also moves the reference (the first part's P rescaled)."""
-    schedule, _, s_parts = schedule.partition("/s_parts=")
+    a sequence) against the reference, with an explicit softmax_scale of 1."""
     monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", schedule)
-    monkeypatch.setenv("MLA_JIT_SM90_WS_S_PARTS", s_parts or "1")
     q, k_cache, block_table, lens = _growing_scores_inputs(case, rise=60.0)
     metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
     out, lse = mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, case.dv, metadata, num_splits,
@@ -342,7 +339,8 @@ def test_ws_schedule_with_and_without_fused_combine(schedule, case, monkeypatch)
     _check_case(case)
 
 
-_S_PARTS_CASES = ([DecodeCase(1, 1, s_k, 16) for s_k in (1, 31, 32, 33, 63, 64, 65, 129)]
+# Sequence ends at every offset around the 32- and 64-token marks, and the loop's piece changes.
+_TILE_EDGE_CASES = ([DecodeCase(1, 1, s_k, 16) for s_k in (1, 31, 32, 33, 63, 64, 65, 129)]
                   + [DecodeCase(6, 2, 4096, 64, 1, True, True), DecodeCase(2, 4, 16384, 128, 1, True, True, page=16),
                      DecodeCase(4, 1, 8192, 63, 1, True, False, zero_lens=True),
                      DecodeCase(6, 4, 140, 9, 1, True, True, page=256),
@@ -352,11 +350,10 @@ _S_PARTS_CASES = ([DecodeCase(1, 1, s_k, 16) for s_k in (1, 31, 32, 33, 63, 64, 
 
 
 @pytest.mark.parametrize("schedule", ["ws", "ws_unfused"])
-@pytest.mark.parametrize("case", _S_PARTS_CASES, ids=str)
-def test_ws_with_s_in_two_parts_matches_reference(schedule, case, monkeypatch):
-    """MLA_JIT_SM90_WS_S_PARTS=2: S of each tile in two 32-token parts (masks and tails that end in
-    either part, causal, page sizes, fp16, d = 512, the largest batch)."""
+@pytest.mark.parametrize("case", _TILE_EDGE_CASES, ids=str)
+def test_ws_tile_edges_match_reference(schedule, case, monkeypatch):
+    """The ws kernels at tails that end anywhere in a tile, masks, causal, page sizes, fp16,
+    d = 512 and the largest batch (S(n + 1) is issued at the end of tile n's iteration)."""
     monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", schedule)
-    monkeypatch.setenv("MLA_JIT_SM90_WS_S_PARTS", "2")
     _check_case(case)
 

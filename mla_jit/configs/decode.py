@@ -76,9 +76,6 @@ class DecodeConfig:
     # "ws_unfused": the same with the combine kernel; "baseline": the first kernel (splitkv.cuh);
     # "seesaw": two S/softmax warpgroups taking turns (splitkv_seesaw.cuh, experimental).
     schedule: str = "ws"
-    # ws schedules: S of a KV tile in this many token parts, one wgmma commit group each; with 2 the
-    # softmax of the first part overlaps the second part's wgmmas (experimental, not yet measured).
-    s_parts: int = 1
 
     @property
     def num_threads(self) -> int:
@@ -127,20 +124,17 @@ def fused_combine_pays(batch: int, rows: int, parts: int, head_dim_v: int, max_s
     return splits * tile_rows * head_dim_v * 4 <= FUSED_COMBINE_MAX_BYTES
 
 
-WS_SCHEDULES = ("ws", "ws_unfused")
-
 
 @functools.lru_cache(maxsize=None)
 def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
-                  schedule: str = "ws", s_parts: int = 1) -> DecodeConfig:
+                  schedule: str = "ws") -> DecodeConfig:
     # baseline: Q (64 x d) + 2 KV stages (64 x d each) fill Hopper's 227 KB; 3 do not fit at d=576.
     # ws: Q[:, :dv] lives in registers and P in each stage's rope columns (or an 8 KB buffer per
     # stage at d=dv), so 3 stages fit (224 KB at d=576, 216 KB at d=512).
     # seesaw: Q (64 x d) in smem for both S warpgroups, so 2 stages.
     num_stages = 2 if schedule in ("baseline", "seesaw") else 3
-    # S in parts exists only in the ws kernel; the other schedules compute S whole.
     return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=num_stages,
-                        schedule=schedule, s_parts=s_parts if schedule in WS_SCHEDULES else 1)
+                        schedule=schedule)
 
 
 @functools.lru_cache(maxsize=None)

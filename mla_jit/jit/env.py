@@ -44,9 +44,6 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
            "P V warpgroups, splits merged in the kernel), ws_unfused (the same with a separate combine "
            "kernel), baseline (the first two-warpgroup kernel, kept for comparison) or seesaw "
            "(experimental: two S/softmax warpgroups taking turns, Q in smem, 2 stages)."),
-    EnvVar("MLA_JIT_SM90_WS_S_PARTS", "1",
-           "ws schedules: compute S of a KV tile in 1 or 2 token parts; 2 overlaps the softmax of the first "
-           "part with the second part's wgmmas (experimental, not yet measured on a GPU)."),
 ]}
 
 
@@ -127,15 +124,7 @@ def sm90_decode_schedule() -> str:
     return name
 
 
-def sm90_ws_s_parts() -> int:
-    raw = _raw("MLA_JIT_SM90_WS_S_PARTS").strip()
-    if raw not in ("1", "2"):
-        from ..errors import MlaJitError
-        raise MlaJitError(f"MLA_JIT_SM90_WS_S_PARTS: expected 1 or 2, got {raw!r}")
-    return int(raw)
-
-
-_PLAN_VARS = ("MLA_JIT_ARCH", "MLA_JIT_SM90_DECODE_SCHEDULE", "MLA_JIT_SM90_WS_S_PARTS")
+_PLAN_VARS = ("MLA_JIT_ARCH", "MLA_JIT_SM90_DECODE_SCHEDULE")
 
 
 # os.environ.get costs ~0.8 us for an unset variable (it raises and catches KeyError inside);
@@ -145,11 +134,11 @@ try:
     _PLAN_KEYS = tuple(os.environ.encodekey(name) for name in _PLAN_VARS)
 except AttributeError:  # pragma: no cover - a Python without os._Environ's internals
     _ENV_DATA, _PLAN_KEYS = os.environ, _PLAN_VARS
-_ARCH_KEY, _SCHEDULE_KEY, _S_PARTS_KEY = _PLAN_KEYS
+_ARCH_KEY, _SCHEDULE_KEY = _PLAN_KEYS
 
 
-def plan_inputs() -> tuple[object, object, object]:
+def plan_inputs() -> tuple[object, object]:
     """Raw values of the variables that pick a kernel, for ops' warm-path plan keys: no parsing
     here (it is on every call); the parsed accessors above run when a plan is built."""
     get = _ENV_DATA.get
-    return get(_ARCH_KEY), get(_SCHEDULE_KEY), get(_S_PARTS_KEY)
+    return get(_ARCH_KEY), get(_SCHEDULE_KEY)

@@ -171,7 +171,7 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int, max_seq_tokens: int):
             fused = fused_combine_pays(b, rows, parts, head_dim_v, max_seq_tokens,
                                        h_kv * d * k_cache.element_size())
             schedule = "ws" if fused else "ws_unfused"
-        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule, env.sm90_ws_s_parts())
+        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule)
         params, threads, box = (Blob(DECODE_PARAMS.size), TMA_DESC), cfg.num_threads, (min(page_size, cfg.block_n), 1, 64)
     else:
         family = registry.get("mla_decode_sm80")
@@ -215,7 +215,7 @@ def _signature(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_schedule
             cache_seqlens.get_device(), tile_scheduler_metadata.shape, tile_scheduler_metadata.stride(),
             tile_scheduler_metadata.dtype, tile_scheduler_metadata.get_device(), num_splits.shape,
             num_splits.stride(), num_splits.dtype, num_splits.get_device(), head_dim_v,
-            env.plan_inputs())  # MLA_JIT_ARCH / schedule / S parts are read live: another value, another plan
+            env.plan_inputs())  # MLA_JIT_ARCH / schedule are read live: another value, another plan
 
 
 class _DecodePlan:

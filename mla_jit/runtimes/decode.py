@@ -55,12 +55,11 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
     def entry_points(self, cfg: DecodeConfig) -> tuple[str, ...]:
         return (self.SPLITKV,) if cfg.fused_combine else (self.SPLITKV, self.COMBINE)
 
-    # schedule -> (header, config struct, arguments after the stage count ({s_parts}: the config's),
-    # device body)
+    # schedule -> (header, config struct, arguments after the stage count, device body)
     SCHEDULES = {
         "baseline": ("mla_jit/decode/splitkv.cuh", "SplitKVConfig", "", "mla_splitkv_body"),
-        "ws": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", true, {s_parts}", "mla_splitkv_ws_body"),
-        "ws_unfused": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", false, {s_parts}",
+        "ws": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", true", "mla_splitkv_ws_body"),
+        "ws_unfused": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", false",
                        "mla_splitkv_ws_body"),
         "seesaw": ("mla_jit/decode/splitkv_seesaw.cuh", "SplitKVSeesawConfig", "", "mla_splitkv_seesaw_body"),
     }
@@ -68,17 +67,17 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
     def render_context(self, cfg: DecodeConfig, arch: ArchPair) -> dict[str, Any]:
         header, config, extra_args, body = self.SCHEDULES[cfg.schedule]
         return {"splitkv_entry": self.SPLITKV, "combine_entry": "" if cfg.fused_combine else self.COMBINE,
-                "extra_config_args": extra_args.format(s_parts=cfg.s_parts), "dtype": cpp_type(cfg.dtype),
+                "extra_config_args": extra_args, "dtype": cpp_type(cfg.dtype),
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "page_size": cfg.page_size,
                 "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
-                "schedule": cfg.schedule, "s_parts": cfg.s_parts, "splitkv_header": header, "splitkv_config": config,
+                "schedule": cfg.schedule, "splitkv_header": header, "splitkv_config": config,
                 "splitkv_body": body}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[DecodeConfig]:
         # auto: which of the two a call takes depends on its batch and lengths; warm both.
-        chosen, s_parts = env.sm90_decode_schedule(), env.sm90_ws_s_parts()
+        chosen = env.sm90_decode_schedule()
         schedules = ("ws", "ws_unfused") if chosen == "auto" else (chosen,)
-        configs = (decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch, schedule, s_parts)
+        configs = (decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch, schedule)
                    for p in _preset_shapes(presets) for schedule in schedules)
         return list(dict.fromkeys(configs))
 

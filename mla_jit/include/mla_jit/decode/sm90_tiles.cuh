@@ -223,9 +223,19 @@ __device__ __forceinline__ void mask_invisible(Frag& s, int tok0, int col_lane, 
 // Max over the row half h (row row0 + 8h) of an S fragment, across the 4 lanes holding the row.
 template <typename Frag>
 __device__ __forceinline__ float row_max(const Frag& s, int h) {
-  float mx = -kInf;
+  // A tree, not a chain: the softmax warpgroup has one warp per SM sub-partition, so the chain's
+  // FMNMX latency (16 deep at N = 64) is on its critical path.
+  constexpr int kPairs = decltype(cute::size(s))::value / 4;
+  static_assert((kPairs & (kPairs - 1)) == 0, "power-of-two column pairs");
+  float v[kPairs];
 #pragma unroll
-  for (int j = 0; j < cute::size(s) / 4; ++j) mx = fmaxf(mx, fmaxf(s(j * 4 + h * 2), s(j * 4 + h * 2 + 1)));
+  for (int j = 0; j < kPairs; ++j) v[j] = fmaxf(s(j * 4 + h * 2), s(j * 4 + h * 2 + 1));
+#pragma unroll
+  for (int w = kPairs / 2; w >= 1; w /= 2) {
+#pragma unroll
+    for (int j = 0; j < w; ++j) v[j] = fmaxf(v[j], v[j + w]);
+  }
+  float mx = v[0];
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
 }

@@ -19,12 +19,10 @@
 //   WG0 (S + softmax): Q[:, :496] lives in registers for the whole piece (RS wgmma: A from
 //        registers, so the N = 64 S GEMM reads only K from smem); Q[:, 496:512] and, at d = 576,
 //        the 64 rope columns stay in smem and go through SS wgmmas into the same accumulator.
-//        wait full[s] -> (tail: zero K rows >= L) -> S(n) = Q K^T -> arrive p_full of tile n-1
-//        -> mask + online softmax (lazy rescaling) -> P (bf16/fp16) and the per-row O rescale
-//        -> smem slots of stage s (stmatrix) -> (piece end: lse, arrive p_full[s] at once).
-//        At S_PARTS = 2 (experimental) S is two 32-token commit groups: the first part's mask
-//        and softmax run while the second's wgmmas do, and p_full of tile n-1 is arrived
-//        between that softmax and the wait for the second part.
+//        wait S(n) (issued at the end of tile n-1) -> arrive p_full of tile n-1 -> mask + online
+//        softmax (lazy rescaling) -> P (bf16/fp16) and the per-row O rescale -> smem slots of
+//        stage s (stmatrix) -> (piece end: lse, arrive p_full[s] at once; next piece's Q)
+//        -> wait full of tile n+1 -> (tail: zero K rows >= L) -> issue S(n+1) = Q K^T.
 //        At the last tile of a piece P and the rescale are multiplied by 1/l, so O comes out
 //        normalized. P(n) is published only once S(n+1) is done, so S has the tensor cores to
 //        itself and P V(n) runs during the softmax of n+1. WG0 never waits for P V.
@@ -106,14 +104,6 @@ struct WsCursor {
       }
     }
     tok = stop = 0;
-  }
-  // Returns true when the tile just left was the last one of its piece.
-  template <int BLOCK_N>
-  __device__ __forceinline__ bool advance(const int* meta, const int* seqlens) {
-    tok += BLOCK_N;
-    if (tok < stop) return false;
-    seek(meta, seqlens, bi + 1);
-    return true;
   }
 };
 
@@ -296,7 +286,7 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 }  // namespace detail
 
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
-          int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int S_PARTS_ = 1>
+          int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true>
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_>;
   using Element = Element_;
@@ -334,20 +324,14 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   using SmemLayoutQ16 = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW32_Atom<Element>{},
                                                      cute::Shape<cute::Int<BLOCK_M>, cute::Int<16>>{}));
 
-  // S is computed in kSParts parts of the tile's tokens (a commit group and a 64 x BLOCK_N /
-  // kSParts accumulator each). With 2 the softmax of the first half runs while the tensor cores
-  // compute the second (experimental: not measured yet; 1 is the measured default).
-  static constexpr int kSParts = S_PARTS_;
-  static constexpr int kSPartN = BLOCK_N / kSParts;
-  static_assert(kSParts == 1 || kSParts == 2, "S in one or two token parts");
   // S, register part: A = Q[:, :kQRegCols] from registers, B = K from smem.
   using TiledMmaSRs = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<kSPartN>, cute::Int<kQRegCols>>>()));
+                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<kQRegCols>>>()));
   // S smem part (Q[:, kQRegCols:DV] and the rope): both operands from smem, same accumulator layout.
   using TiledMmaSSs = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<kSPartN>, cute::Int<64>>>()));
+                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<64>>>()));
 
   struct SharedStorage {
     alignas(1024) Element kv[NUM_STAGES][BLOCK_N * HEAD_DIM];
@@ -476,12 +460,10 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     Tensor tSrQ = make_tensor<Element>(partition_shape_A(mma_rs, Shape<Int<BM>, Int<kQRegCols>>{}));
     Tensor tSrQ32 = recast<uint32_t>(tSrQ);
     static_assert(decltype(size(tSrQ32))::value == BM * kQRegCols / 2 / 128, "Q fragment");
-    // S of a tile in kSParts token parts, one accumulator each: element i of part t is at row
-    // row0 + 8 ((i / 2) % 2), column t kSPartN + (i / 4) 8 + col_lane + i % 2.
-    constexpr int kSParts = Cfg::kSParts, kSPartN = Cfg::kSPartN;
-    using FragS = decltype(partition_fragment_C(mma_rs, Shape<Int<BM>, Int<kSPartN>>{}));
-    FragS tSrS[kSParts];
-    static_assert(decltype(size(tSrS[0]))::value == kSPartN / 2, "S fragment");
+    // S of a tile: element i is at row row0 + 8 ((i / 2) % 2), column (i / 4) 8 + col_lane + i % 2.
+    using FragS = decltype(partition_fragment_C(mma_rs, Shape<Int<BM>, Int<BN>>{}));
+    FragS tSrS;
+    static_assert(decltype(size(tSrS))::value == BN / 2, "S fragment");
 
     detail::WsCursor cur;
     {
@@ -506,123 +488,121 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       cur.seek(meta, seqlens, b0);
     }
     float m_run[2], l_run[2];  // running max (log2 units, scaled) and per-thread partial sum
-    int n = 0;                 // tile index: stage n % NS, use n / NS
-    bool piece_start = true;
-    int unpublished = -1;      // stage whose P is stored but not yet published (see p_full below)
-    if (!cur.valid()) named_barrier_arrive(detail::kBarFirstQ, detail::kFirstQThreads);  // no work: free the producer
-    while (cur.valid()) {
-      const int tw = detail::ws_opaque(threadIdx.x % 128);
-      const int row0 = row0_of(tw), col_lane = col_lane_of(tw);
-      const int m_block = blockIdx.z, g = blockIdx.y;
-      const int stage = n % NS;
-      const uint32_t phase = (n / NS) & 1;
-      Element* kv = ss.kv[stage];
 
-      if (piece_start) {
-        // Every warp's S of the previous piece has completed (wgmma wait) before anyone
-        // rewrites Q's smem part; Q's register part is thread-private.
-        named_barrier_sync(kBarWG0, 128);
-        const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)cur.bi * p.q_stride_b;
-        // Every load of Q is issued before any of them is used, so that they are in flight together:
-        // waited one after another behind the KV tiles' TMA traffic, a CTA's first Q took ~10 us
-        // (clock trace, 32/1/4096/16 on the H200). First the smem parts, by cp.async (no registers):
-        // Q[:, kQRegCols:DV] -> q16 (64 rows x 2 chunks of 16 B: one chunk per thread), SW32:
-        // chunk index c ^ ((r / 4) % 2) (checked against CuTe in host_fragment_check.cpp).
-        // Q[:, DV:D] (kPInRope) -> aux, SW128: BM * 8 / 128 chunks per thread.
-        {
-          const int lr = tw / 2, c = tw % 2;
-          const int r = m_block * BM + lr;
+    // Q of cur's piece into registers (Q[:, :kQRegCols]) and smem (the rest), running max and sum
+    // reset. first: the CTA's first piece (the producer waits for it before issuing more tiles).
+    auto start_piece = [&](bool first) {
+      const int tw = detail::ws_opaque(threadIdx.x % 128);
+      const int row0 = row0_of(tw);
+      const int m_block = blockIdx.z, g = blockIdx.y;
+      // Every warp's S of the previous piece has completed (wgmma wait) before anyone
+      // rewrites Q's smem part; Q's register part is thread-private.
+      named_barrier_sync(kBarWG0, 128);
+      const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)cur.bi * p.q_stride_b;
+      // Every load of Q is issued before any of them is used, so that they are in flight together:
+      // waited one after another behind the KV tiles' TMA traffic, a CTA's first Q took ~10 us
+      // (clock trace, 32/1/4096/16 on the H200). First the smem parts, by cp.async (no registers):
+      // Q[:, kQRegCols:DV] -> q16 (64 rows x 2 chunks of 16 B: one chunk per thread), SW32:
+      // chunk index c ^ ((r / 4) % 2) (checked against CuTe in host_fragment_check.cpp).
+      // Q[:, DV:D] (kPInRope) -> aux, SW128: BM * 8 / 128 chunks per thread.
+      {
+        const int lr = tw / 2, c = tw % 2;
+        const int r = m_block * BM + lr;
+        const auto [s, head] = query_row(p, g, r);
+        detail::cp_async_16(smem_addr(ss.q16) + lr * 32 + ((c ^ ((lr / 4) % 2)) << 4),
+                            r < p.rows ? qb + s * p.q_stride_s + head * p.q_stride_h + kQRegCols + c * 8 : qb,
+                            r < p.rows);
+      }
+      if constexpr (Cfg::kPInRope) {
+        static_assert(BM * 8 % 128 == 0, "rope chunks per thread");
+#pragma unroll
+        for (int i = 0; i < BM * 8 / 128; ++i) {
+          const int idx = tw + 128 * i;
+          const int r = m_block * BM + idx / 8;
           const auto [s, head] = query_row(p, g, r);
-          detail::cp_async_16(smem_addr(ss.q16) + lr * 32 + ((c ^ ((lr / 4) % 2)) << 4),
-                              r < p.rows ? qb + s * p.q_stride_s + head * p.q_stride_h + kQRegCols + c * 8 : qb,
+          detail::cp_async_16(smem_addr(ss.aux) + detail::sw128_offset<BM>(idx / 8, (idx % 8) * 8),
+                              r < p.rows ? qb + s * p.q_stride_s + head * p.q_stride_h + DV + (idx % 8) * 8 : qb,
                               r < p.rows);
         }
-        if constexpr (Cfg::kPInRope) {
-          static_assert(BM * 8 % 128 == 0, "rope chunks per thread");
+      }
+      // then the register part, in 16-byte loads. Register i of the A fragment holds word tq
+      // (= lane % 4) of 16-byte chunk 2 (i / 4) + (i / 2) % 2 of row row0 + 8 (i % 2), so
+      // registers 8 j + h + 2 w (w = 0..3) hold word tq of chunks 4 j + w of row h. Lane tq
+      // loads chunk 4 j + tq into them (a word for each lane of its quad), and a 4 x 4
+      // transpose over the quad gives every lane its own words. Scattered 4-byte loads took
+      // 2.4-4 us for a 64-row Q (clock trace, H200). The chunks past the last whole group (2 of
+      // 62) are loaded word by word: a padded group would cost the 4 registers WG0 lacks.
+      constexpr int kQGroups = kQRegCols / 32;
+      constexpr int kQTailChunks = kQRegCols / 8 - 4 * kQGroups;
+      static_assert(kQRegCols % 16 == 0, "whole k16 steps");
+      const int tq = tw % 4;
+      uint32_t qx[2][kQGroups][4];
 #pragma unroll
-          for (int i = 0; i < BM * 8 / 128; ++i) {
-            const int idx = tw + 128 * i;
-            const int r = m_block * BM + idx / 8;
-            const auto [s, head] = query_row(p, g, r);
-            detail::cp_async_16(smem_addr(ss.aux) + detail::sw128_offset<BM>(idx / 8, (idx % 8) * 8),
-                                r < p.rows ? qb + s * p.q_stride_s + head * p.q_stride_h + DV + (idx % 8) * 8 : qb,
-                                r < p.rows);
-          }
-        }
-        // then the register part, in 16-byte loads. Register i of the A fragment holds word tq
-        // (= lane % 4) of 16-byte chunk 2 (i / 4) + (i / 2) % 2 of row row0 + 8 (i % 2), so
-        // registers 8 j + h + 2 w (w = 0..3) hold word tq of chunks 4 j + w of row h. Lane tq
-        // loads chunk 4 j + tq into them (a word for each lane of its quad), and a 4 x 4
-        // transpose over the quad gives every lane its own words. Scattered 4-byte loads took
-        // 2.4-4 us for a 64-row Q (clock trace, H200). The chunks past the last whole group (2 of
-        // 62) are loaded word by word: a padded group would cost the 4 registers WG0 lacks.
-        constexpr int kQGroups = kQRegCols / 32;
-        constexpr int kQTailChunks = kQRegCols / 8 - 4 * kQGroups;
-        static_assert(kQRegCols % 16 == 0, "whole k16 steps");
-        const int tq = tw % 4;
-        uint32_t qx[2][kQGroups][4];
+      for (int h = 0; h < 2; ++h) {
+        const int r = m_block * BM + row0 + 8 * h;
+        const auto [s, head] = query_row(p, g, r);
+        const Element* qrow = qb + s * p.q_stride_s + head * p.q_stride_h + tq * 8;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = m_block * BM + row0 + 8 * h;
-          const auto [s, head] = query_row(p, g, r);
-          const Element* qrow = qb + s * p.q_stride_s + head * p.q_stride_h + tq * 8;
-#pragma unroll
-          for (int j = 0; j < kQGroups; ++j) {
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);  // padded rows are zero: no NaN from garbage
-            if (r < p.rows) v = __ldg(reinterpret_cast<const uint4*>(qrow + j * 32));
-            qx[h][j][0] = v.x;
-            qx[h][j][1] = v.y;
-            qx[h][j][2] = v.z;
-            qx[h][j][3] = v.w;
-          }
-#pragma unroll
-          for (int w = 0; w < kQTailChunks; ++w) {
-            uint32_t v = 0u;
-            if (r < p.rows) v = __ldg(reinterpret_cast<const uint32_t*>(qrow - tq * 8 + (4 * kQGroups + w) * 8 + 2 * tq));
-            tSrQ32(8 * kQGroups + h + 2 * w) = v;
-          }
+        for (int j = 0; j < kQGroups; ++j) {
+          uint4 v = make_uint4(0u, 0u, 0u, 0u);  // padded rows are zero: no NaN from garbage
+          if (r < p.rows) v = __ldg(reinterpret_cast<const uint4*>(qrow + j * 32));
+          qx[h][j][0] = v.x;
+          qx[h][j][1] = v.y;
+          qx[h][j][2] = v.z;
+          qx[h][j][3] = v.w;
         }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        for (int w = 0; w < kQTailChunks; ++w) {
+          uint32_t v = 0u;
+          if (r < p.rows) v = __ldg(reinterpret_cast<const uint32_t*>(qrow - tq * 8 + (4 * kQGroups + w) * 8 + 2 * tq));
+          tSrQ32(8 * kQGroups + h + 2 * w) = v;
+        }
+      }
 #pragma unroll
-          for (int j = 0; j < kQGroups; ++j) {
-            uint32_t(&x)[4] = qx[h][j];
-            // Butterfly on lane bit b: a lane takes, into each slot w whose bit b differs from its
-            // own, its partner's slot w ^ (1 << b). After both bits, slot w of lane q holds
-            // word q of the chunk lane w loaded.
+      for (int h = 0; h < 2; ++h) {
 #pragma unroll
-            for (int b = 1; b <= 2; b <<= 1) {
-              const bool hi = tq & b;
+        for (int j = 0; j < kQGroups; ++j) {
+          uint32_t(&x)[4] = qx[h][j];
+          // Butterfly on lane bit b: a lane takes, into each slot w whose bit b differs from its
+          // own, its partner's slot w ^ (1 << b). After both bits, slot w of lane q holds
+          // word q of the chunk lane w loaded.
 #pragma unroll
-              for (int w0 = 0; w0 < 4; ++w0) {
-                if (w0 & b) continue;
-                const uint32_t send = hi ? x[w0] : x[w0 + b];
-                const uint32_t recv = __shfl_xor_sync(0xffffffffu, send, b);
-                if (hi) {
-                  x[w0] = recv;
-                } else {
-                  x[w0 + b] = recv;
-                }
+          for (int b = 1; b <= 2; b <<= 1) {
+            const bool hi = tq & b;
+#pragma unroll
+            for (int w0 = 0; w0 < 4; ++w0) {
+              if (w0 & b) continue;
+              const uint32_t send = hi ? x[w0] : x[w0 + b];
+              const uint32_t recv = __shfl_xor_sync(0xffffffffu, send, b);
+              if (hi) {
+                x[w0] = recv;
+              } else {
+                x[w0 + b] = recv;
               }
             }
-#pragma unroll
-            for (int w = 0; w < 4; ++w) tSrQ32(8 * j + h + 2 * w) = x[w];
           }
-        }
-        warpgroup_fence_operand(tSrQ32);
-        detail::cp_async_wait_all();
-        fence_proxy_async_shared();
-        named_barrier_sync(kBarWG0, 128);
-        if (n == 0) named_barrier_arrive(detail::kBarFirstQ, detail::kFirstQThreads);  // the producer may start the KV TMAs
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          m_run[h] = -kInf;
-          l_run[h] = 0.f;
+          for (int w = 0; w < 4; ++w) tSrQ32(8 * j + h + 2 * w) = x[w];
         }
-        piece_start = false;
       }
+      warpgroup_fence_operand(tSrQ32);
+      detail::cp_async_wait_all();
+      fence_proxy_async_shared();
+      named_barrier_sync(kBarWG0, 128);
+      if (first) named_barrier_arrive(detail::kBarFirstQ, detail::kFirstQThreads);  // the producer may start the KV TMAs
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m_run[h] = -kInf;
+        l_run[h] = 0.f;
+      }
+    };
 
-      mbarrier_wait(&ss.full[stage], phase);
+    // S(n) into tSrS, one commit group, once tile n (cur's tile) has landed. Not waited here.
+    auto issue_s = [&](int n) {
+      const int tw = detail::ws_opaque(threadIdx.x % 128);
+      const int stage = n % NS;
+      Element* kv = ss.kv[stage];
+      mbarrier_wait(&ss.full[stage], (n / NS) & 1);
       if (cur.tok + BN > cur.L) {
         // Tail tile: rows >= L were not loaded (other pages) or hold data past the sequence
         // end (possibly NaN). Zero them (all columns: WG1/WG2 read the V part) so that neither
@@ -631,130 +611,101 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         fence_proxy_async_shared();
         named_barrier_sync(kBarWG0, 128);
       }
+      // ---- S = Q K^T, one commit group: Q[:, :kQRegCols] RS (Q from registers), the rest SS ----
+      auto thr_rs = mma_rs.get_thread_slice(tw);
+      typename Cfg::TiledMmaSSs mma_ss;
+      auto thr_ss = mma_ss.get_thread_slice(tw);
+      Tensor sK = make_tensor(make_smem_ptr(kv), typename Cfg::SmemLayoutK{});
+      Tensor tSrK = thr_rs.partition_fragment_B(sK);  // (MMA, 1, D / 16)
+      Tensor tSsK = thr_ss.partition_fragment_B(sK);  // same descriptors, SS atom
+      Tensor sQ16 = make_tensor(make_smem_ptr(ss.q16), typename Cfg::SmemLayoutQ16{});
+      Tensor tSrQ16 = thr_ss.partition_fragment_A(sQ16);  // (MMA, 1, 1)
+      constexpr int kRegK = kQRegCols / 16;
+      warpgroup_fence_operand(tSrQ32);
+      warpgroup_fence_operand(tSrS);
+      warpgroup_arrive();
+      mma_rs.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+      for (int k = 0; k < kRegK; ++k) {
+        gemm(mma_rs, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
+        mma_rs.accumulate_ = GMMA::ScaleOut::One;
+      }
+      mma_ss.accumulate_ = GMMA::ScaleOut::One;
+      gemm(mma_ss, tSrQ16(_, _, 0), tSsK(_, _, kRegK), tSrS);
+      if constexpr (Cfg::kPInRope) {
+        Tensor sQr = make_tensor(make_smem_ptr(ss.aux), typename Cfg::SmemLayoutSlab{});
+        Tensor tSrQr = thr_ss.partition_fragment_A(sQr);  // (MMA, 1, 4)
+#pragma unroll
+        for (int k = 0; k < size<2>(tSrQr); ++k) gemm(mma_ss, tSrQr(_, _, k), tSsK(_, _, DV / 16 + k), tSrS);
+      }
+      warpgroup_commit_batch();
+      warpgroup_fence_operand(tSrS);
+    };
 
-      // ---- S = Q K^T, one commit group per token part: Q[:, :kQRegCols] RS (Q from registers), the rest SS ----
-      {
-        auto thr_rs = mma_rs.get_thread_slice(tw);
-        typename Cfg::TiledMmaSSs mma_ss;
-        auto thr_ss = mma_ss.get_thread_slice(tw);
-        Tensor sK = make_tensor(make_smem_ptr(kv), typename Cfg::SmemLayoutK{});
-        Tensor sQ16 = make_tensor(make_smem_ptr(ss.q16), typename Cfg::SmemLayoutQ16{});
-        Tensor tSrQ16 = thr_ss.partition_fragment_A(sQ16);  // (MMA, 1, 1)
-        constexpr int kRegK = kQRegCols / 16;
-        warpgroup_fence_operand(tSrQ32);
-#pragma unroll
-        for (int t = 0; t < kSParts; ++t) warpgroup_fence_operand(tSrS[t]);
-        warpgroup_arrive();
-#pragma unroll
-        for (int t = 0; t < kSParts; ++t) {
-          Tensor sKt = local_tile(sK, Shape<Int<kSPartN>, Int<D>>{}, make_coord(t, 0));  // tokens of part t
-          Tensor tSrK = thr_rs.partition_fragment_B(sKt);  // (MMA, 1, D / 16)
-          Tensor tSsK = thr_ss.partition_fragment_B(sKt);  // same descriptors, SS atom
-          mma_rs.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-          for (int k = 0; k < kRegK; ++k) {
-            gemm(mma_rs, tSrQ(_, _, k), tSrK(_, _, k), tSrS[t]);
-            mma_rs.accumulate_ = GMMA::ScaleOut::One;
-          }
-          mma_ss.accumulate_ = GMMA::ScaleOut::One;
-          gemm(mma_ss, tSrQ16(_, _, 0), tSsK(_, _, kRegK), tSrS[t]);
-          if constexpr (Cfg::kPInRope) {
-            Tensor sQr = make_tensor(make_smem_ptr(ss.aux), typename Cfg::SmemLayoutSlab{});
-            Tensor tSrQr = thr_ss.partition_fragment_A(sQr);  // (MMA, 1, 4)
-#pragma unroll
-            for (int k = 0; k < size<2>(tSrQr); ++k) gemm(mma_ss, tSrQr(_, _, k), tSsK(_, _, DV / 16 + k), tSrS[t]);
-          }
-          warpgroup_commit_batch();
-        }
+    auto publish_p = [&](int tw, int st) {
+      fence_proxy_async_shared();  // P and the zeroed tail rows are read by wgmma (async proxy)
+      __syncwarp();
+      if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[st]);
+    };
+
+    if (!cur.valid()) named_barrier_arrive(detail::kBarFirstQ, detail::kFirstQThreads);  // no work: free the producer
+    int unpublished = -1;  // stage whose P is stored but not yet published (see p_full below)
+    bool piece_start = true;
+    // Per tile: S(n) is issued first, and the loop's bookkeeping comes after the wait for it (off
+    // WG0's chain S -> softmax -> P store -> S, which is the tile period).
+    for (int n = 0; cur.valid(); ++n) {
+      if (piece_start) {
+        start_piece(n == 0);
+        piece_start = false;
+      }
+      issue_s(n);
+      const int tw = detail::ws_opaque(threadIdx.x % 128);
+      const int row0 = row0_of(tw), col_lane = col_lane_of(tw);
+      const int m_block = blockIdx.z, g = blockIdx.y;
+      const int stage = n % NS;
+      Element* kv = ss.kv[stage];
+
+      // P(n - 1)'s stores reach the async proxy while S(n) runs (the fence waits for them); P(n - 1)
+      // goes to the P V warpgroups only once S(n) is done: S then has the tensor cores to itself,
+      // and P V(n - 1) runs during this softmax (tile trace, H200: 4220 -> 3550 cycles per tile at
+      // h_q = 128).
+      fence_proxy_async_shared();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      warpgroup_fence_operand(tSrQ32);
+      if (unpublished >= 0) {
+        __syncwarp();
+        if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[unpublished]);
+        unpublished = -1;
       }
 
-      // P(n - 1) goes to the P V warpgroups only once S(n) is done (or, with two parts, once the
-      // first part's softmax is): S then has the tensor cores to itself, and P V(n - 1) runs
-      // during this softmax (tile trace, H200: 4220 -> 3550 cycles per tile at h_q = 128).
-      auto publish_p = [&](int st) {
-        fence_proxy_async_shared();  // P and the zeroed tail rows are read by wgmma (async proxy)
-        __syncwarp();
-        if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[st]);
-      };
-      auto publish_previous_p = [&]() {
-        if (unpublished >= 0) {
-          publish_p(unpublished);
-          unpublished = -1;
-        }
-      };
       // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1. Keys < L - s_q + 1 are
       // visible to every row, so only a piece's last tile or two mask: the row limits need an
       // integer division (row / q_per_kv), a dependent chain on WG0's critical path.
-      const bool need_mask = cur.tok + BN > cur.L - (p.causal ? p.s_q - 1 : 0);
-      int lim[2] = {0, 0};
-      // O rescale of this tile: the product of the parts' reference moves.
-      float sc[2] = {1.f, 1.f};
-      // ---- per part: mask (a select, so NaN never survives), online softmax (log2 domain) ----
+      if (cur.tok + BN > cur.L - (p.causal ? p.s_q - 1 : 0)) {
+        int lim[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) lim[h] = detail::visible_keys(p, cur.L, m_block * BM + row0 + 8 * h);
+        // A select, so NaN never survives.
+        detail::mask_invisible(tSrS, cur.tok, col_lane, lim);
+      }
+      // ---- online softmax (log2 domain) ----
       // Lazy rescaling: m_run moves only by more than kLazyRescaleLog2, so the O scale is exactly
       // 1 for almost every tile and the P V warpgroups skip the rescale (their multiplies
       // competed with this softmax for issue slots).
-      cute::for_each(cute::make_int_sequence<kSParts>{}, [&](auto part) {
-        constexpr int t = decltype(part)::value;
-        if constexpr (t == kSParts - 1 && kSParts > 1) {
-          // A branch between the previous part's softmax and the wait below: within one basic
-          // block ptxas hoists the wait above that softmax, and nothing would overlap the wgmmas.
-          publish_previous_p();
-          __syncwarp();  // lane 0 arrived alone: reconverge before the .aligned wait
-        }
-        warpgroup_wait<kSParts - 1 - t>();
-        warpgroup_fence_operand(tSrS[t]);
-        if constexpr (t == kSParts - 1) {
-          warpgroup_fence_operand(tSrQ32);
-          if constexpr (kSParts == 1) publish_previous_p();
-        }
-        if (need_mask) {
-          if constexpr (t == 0) {
+      float sc[2];  // O rescale of this tile
 #pragma unroll
-            for (int h = 0; h < 2; ++h) lim[h] = detail::visible_keys(p, cur.L, m_block * BM + row0 + 8 * h);
-          }
-          detail::mask_invisible(tSrS[t], cur.tok + t * kSPartN, col_lane, lim);
-        }
-        float m_use[2], f[2];
-        bool move[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float mx = detail::row_max(tSrS[t], h) * p.scale_log2;
-          // -inf + 8 is -inf: a row's first visible key always moves it; an all-masked part never.
-          move[h] = mx > m_run[h] + detail::kLazyRescaleLog2;
-          const float m_new = move[h] ? mx : m_run[h];
-          m_use[h] = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
-          f[h] = move[h] ? detail::ex2_approx(m_run[h] - m_use[h]) : 1.f;
-          sc[h] *= f[h];
-          m_run[h] = m_new;
-        }
-        if constexpr (t > 0) {
-          // Rare: this part moved a row's reference, so the earlier parts' P (computed against the
-          // old one) scales like O and the sum. A warp-uniform branch: with the multiplies
-          // unconditional, ptxas sinks the earlier part's softmax below the wait for this part.
-          if (__any_sync(0xffffffffu, move[0] || move[1])) {
-#pragma unroll
-            for (int u = 0; u < t; ++u) {
-#pragma unroll
-              for (int h = 0; h < 2; ++h) detail::scale_row(tSrS[u], h, f[h]);
-            }
-          }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float sum = detail::exp2_row(tSrS[t], h, p.scale_log2, m_use[h]);
-          l_run[h] = l_run[h] * f[h] + sum;
-        }
-        if constexpr (t < kSParts - 1) {
-          // This part's softmax stays before the wait for the next part (volatile operand fences).
-          warpgroup_fence_operand(tSrS[t]);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            warpgroup_fence_operand(m_run[h]);
-            warpgroup_fence_operand(l_run[h]);
-            warpgroup_fence_operand(sc[h]);
-          }
-        }
-      });
+      for (int h = 0; h < 2; ++h) {
+        const float mx = detail::row_max(tSrS, h) * p.scale_log2;
+        // -inf + 8 is -inf: a row's first visible key always moves it; an all-masked tile never.
+        const bool move = mx > m_run[h] + detail::kLazyRescaleLog2;
+        const float m_new = move ? mx : m_run[h];
+        const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
+        sc[h] = move ? detail::ex2_approx(m_run[h] - m_use) : 1.f;
+        m_run[h] = m_new;
+        const float sum = detail::exp2_row(tSrS, h, p.scale_log2, m_use);
+        l_run[h] = l_run[h] * sc[h] + sum;
+      }
 
       // ---- piece end: l, lse; P and the O rescale of this tile are scaled by 1/l ----
       const bool last = cur.tok + BN >= cur.stop;
@@ -769,8 +720,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
           lse2[h] = l > 0.f ? m_run[h] + detail::lg2_approx(l) : -kInf;
           // In place (no second copy of P in registers: WG0 has none to spare).
           sc[h] *= inv_l;
-#pragma unroll
-          for (int t = 0; t < kSParts; ++t) detail::scale_row(tSrS[t], h, inv_l);
+          detail::scale_row(tSrS, h, inv_l);
         }
       }
 
@@ -782,8 +732,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       } else {
         pbuf = ss.aux + stage * (BM * BN);
       }
-#pragma unroll
-      for (int t = 0; t < kSParts; ++t) detail::store_p_slab_stsm<Element>(smem_addr(pbuf), tw, tSrS[t], t * kSPartN / 8);
+      detail::store_p_slab_stsm<Element>(smem_addr(pbuf), tw, tSrS, 0);
       if ((tw & 3) == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) ss.row_scale[stage][row0 + 8 * h] = sc[h];
@@ -812,21 +761,18 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       if constexpr (Cfg::kFusedCombine) {
         if (last) store_lse();
       }
-      // Published after S(n + 1) (above, with the proxy fence, which waits for the P stores:
-      // here it would delay S(n + 1)), except at a piece's last tile: the P V warpgroups then
-      // store O, and the next piece's first S waits for its Q anyway.
-      unpublished = stage;
+      // Published after S(n + 1) (at the loop top, which fences the P stores while S runs), except at
+      // a piece's last tile: the P V warpgroups then store O, and the next piece's first S waits for
+      // its Q anyway.
       if (last) {
-        publish_p(stage);
-        unpublished = -1;
-      }
-
-      if (last) {
+        publish_p(tw, stage);
         if constexpr (!Cfg::kFusedCombine) store_lse();
         piece_start = true;
+        cur.seek(meta_ptr(), seqlens, cur.bi + 1);
+      } else {
+        unpublished = stage;
+        cur.tok += BN;
       }
-      ++n;
-      cur.template advance<BN>(meta_ptr(), seqlens);
     }
     // The code after the role branches runs in every warp: give it one register budget.
     detail::setmaxnreg_dec<Cfg::kRegsPV>();
