@@ -19,10 +19,12 @@
 //   WG0 (S + softmax): Q[:, :496] lives in registers for the whole piece (RS wgmma: A from
 //        registers, so the N = 64 S GEMM reads only K from smem); Q[:, 496:512] and, at d = 576,
 //        the 64 rope columns stay in smem and go through SS wgmmas into the same accumulator.
-//        wait S(n) (issued at the end of tile n-1) -> arrive p_full of tile n-1 -> mask + online
-//        softmax (lazy rescaling) -> P (bf16/fp16) and the per-row O rescale -> smem slots of
-//        stage s (stmatrix) -> (piece end: lse, arrive p_full[s] at once; next piece's Q)
-//        -> wait full of tile n+1 -> (tail: zero K rows >= L) -> issue S(n+1) = Q K^T.
+//        (piece start: Q) -> wait full[s] -> (tail: zero K rows >= L) -> issue S(n) = Q K^T
+//        -> fence P(n-1)'s stores for the async proxy while S runs -> wait S(n) -> arrive p_full
+//        of tile n-1 -> mask + online softmax (lazy rescaling) -> P (bf16/fp16) and the per-row
+//        O rescale -> smem slots of stage s (stmatrix) -> (piece end: lse, arrive p_full[s] at
+//        once). The thread geometry and the walk's bookkeeping sit after S's wait, off the path
+//        from the P store to the next S issue.
 //        At the last tile of a piece P and the rescale are multiplied by 1/l, so O comes out
 //        normalized. P(n) is published only once S(n+1) is done, so S has the tensor cores to
 //        itself and P V(n) runs during the softmax of n+1. WG0 never waits for P V.
