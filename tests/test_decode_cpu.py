@@ -171,8 +171,7 @@ def test_ws_fences_the_previous_p_while_s_runs(d, page, cache_root, tmp_path):
     sass = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True,
                           env=tool_env).stdout
     ops = re.findall(r"(HGMMA\.64x64x16\.F32\.BF16|WARPGROUP\.DEPBAR\.LE gsb0, 0x0|FENCE\.VIEW\.ASYNC\.S)", sass)
-    # The tile loop's top: S's 64 x 64 wgmmas (issued at the end of the previous tile), the fence,
-    # then the wait.
+    # The tile loop: S's 64 x 64 wgmmas, the fence, then the wait.
     assert any(ops[i:i + 3] == ["HGMMA.64x64x16.F32.BF16", "FENCE.VIEW.ASYNC.S", "WARPGROUP.DEPBAR.LE gsb0, 0x0"]
                for i in range(len(ops) - 2)), ops
 

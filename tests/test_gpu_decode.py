@@ -339,7 +339,7 @@ def test_ws_schedule_with_and_without_fused_combine(schedule, case, monkeypatch)
     _check_case(case)
 
 
-# Sequence ends at every offset around the 32- and 64-token marks, and the loop's piece changes.
+# Sequence ends at every offset around the half- and whole-tile marks, and the loop's piece changes.
 _TILE_EDGE_CASES = ([DecodeCase(1, 1, s_k, 16) for s_k in (1, 31, 32, 33, 63, 64, 65, 129)]
                   + [DecodeCase(6, 2, 4096, 64, 1, True, True), DecodeCase(2, 4, 16384, 128, 1, True, True, page=16),
                      DecodeCase(4, 1, 8192, 63, 1, True, False, zero_lens=True),
@@ -353,7 +353,7 @@ _TILE_EDGE_CASES = ([DecodeCase(1, 1, s_k, 16) for s_k in (1, 31, 32, 33, 63, 64
 @pytest.mark.parametrize("case", _TILE_EDGE_CASES, ids=str)
 def test_ws_tile_edges_match_reference(schedule, case, monkeypatch):
     """The ws kernels at tails that end anywhere in a tile, masks, causal, page sizes, fp16,
-    d = 512 and the largest batch (S(n + 1) is issued at the end of tile n's iteration)."""
+    d = 512 and the largest batch (the tail zeroing and piece changes sit on S's issue path)."""
     monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", schedule)
     _check_case(case)
 

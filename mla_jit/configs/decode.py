@@ -124,7 +124,6 @@ def fused_combine_pays(batch: int, rows: int, parts: int, head_dim_v: int, max_s
     return splits * tile_rows * head_dim_v * 4 <= FUSED_COMBINE_MAX_BYTES
 
 
-
 @functools.lru_cache(maxsize=None)
 def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
                   schedule: str = "ws") -> DecodeConfig:

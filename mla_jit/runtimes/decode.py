@@ -59,8 +59,7 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
     SCHEDULES = {
         "baseline": ("mla_jit/decode/splitkv.cuh", "SplitKVConfig", "", "mla_splitkv_body"),
         "ws": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", true", "mla_splitkv_ws_body"),
-        "ws_unfused": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", false",
-                       "mla_splitkv_ws_body"),
+        "ws_unfused": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", false", "mla_splitkv_ws_body"),
         "seesaw": ("mla_jit/decode/splitkv_seesaw.cuh", "SplitKVSeesawConfig", "", "mla_splitkv_seesaw_body"),
     }
 

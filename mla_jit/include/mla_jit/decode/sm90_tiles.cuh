@@ -172,15 +172,14 @@ __device__ __forceinline__ void store_p_slab(uint32_t slab_addr, int row0, int c
 
 // The same layout through stmatrix (4 instructions per thread instead of 16 stores; tw: thread in
 // the warpgroup): matrices (chunk j, rows +0), (j, +8), (j + 1, +0), (j + 1, +8) per instruction.
-// A 64 x N fragment with N < 64 goes to the 16 B chunks from chunk0 on (columns 8 chunk0 ..).
 template <typename Element, typename Frag>
-__device__ __forceinline__ void store_p_slab_stsm(uint32_t slab_addr, int tw, const Frag& s, int chunk0 = 0) {
+__device__ __forceinline__ void store_p_slab_stsm(uint32_t slab_addr, int tw, const Frag& s) {
   const int lane = tw % 32, m = lane / 8, rr = lane % 8;
   const uint32_t row_addr = slab_addr + ((tw / 32) * 16 + (m & 1) * 8 + rr) * 128;
 #pragma unroll
   for (int q = 0; q < cute::size(s) / 8; ++q) {
     const int i0 = q * 8, i1 = q * 8 + 4;  // chunks j = 2q and 2q + 1
-    stmatrix_x4(row_addr + (((chunk0 + 2 * q + (m >> 1)) ^ rr) << 4), ElemTraits<Element>::pack2(s(i0), s(i0 + 1)),
+    stmatrix_x4(row_addr + (((2 * q + (m >> 1)) ^ rr) << 4), ElemTraits<Element>::pack2(s(i0), s(i0 + 1)),
                 ElemTraits<Element>::pack2(s(i0 + 2), s(i0 + 3)), ElemTraits<Element>::pack2(s(i1), s(i1 + 1)),
                 ElemTraits<Element>::pack2(s(i1 + 2), s(i1 + 3)));
   }

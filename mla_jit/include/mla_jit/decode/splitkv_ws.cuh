@@ -734,7 +734,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       } else {
         pbuf = ss.aux + stage * (BM * BN);
       }
-      detail::store_p_slab_stsm<Element>(smem_addr(pbuf), tw, tSrS, 0);
+      detail::store_p_slab_stsm<Element>(smem_addr(pbuf), tw, tSrS);
       if ((tw & 3) == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) ss.row_scale[stage][row0 + 8 * h] = sc[h];
