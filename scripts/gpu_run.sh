@@ -14,14 +14,16 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 # Compile the decode kernels the tests use in parallel first (the tests then load them from disk).
-cfg="head_dim_v=512,block_m=64,block_n=64,num_stages=3,schedule=ws"
-python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache \
-  --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=16,$cfg" \
-  --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=256,$cfg" \
-  --config "mla_decode_sm90:dtype=fp16,head_dim=576,page_size=64,$cfg" \
-  --config "mla_decode_sm90:dtype=bf16,head_dim=512,page_size=64,$cfg" \
-  --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=64,${cfg/%ws/ws_unfused}" \
-  --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=16,${cfg/%ws/ws_unfused}" 2>&1 | tail -n 3
+configs=()
+for schedule in ws ws_unfused; do
+  for cluster in 1 2 4; do
+    for shape in bf16,576,64 bf16,576,16 bf16,576,256 fp16,576,64 bf16,512,64; do
+      IFS=, read -r dtype d page <<<"$shape"
+      configs+=(--config "mla_decode_sm90:dtype=$dtype,head_dim=$d,page_size=$page,head_dim_v=512,block_m=64,block_n=64,num_stages=3,schedule=$schedule,cluster_m=$cluster")
+    done
+  done
+done
+python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache "${configs[@]}" 2>&1 | tail -n 3
 # The Ampere/Ada family, as the tests force it on this GPU (tuning@target).
 python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache --arch sm_80@sm_90a --arch sm_89@sm_90a \
   2>&1 | tail -n 1

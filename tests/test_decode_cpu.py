@@ -26,8 +26,8 @@ def test_every_supported_config_renders():
     family = registry.get("mla_decode_sm90")
     names = set()
     for dtype, (d, dv), page in itertools.product(("bf16", "fp16"), SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES):
-        for schedule, struct, tail, combine in (("ws", "SplitKVWsConfig", "3, true>", False),
-                                                ("ws_unfused", "SplitKVWsConfig", "3, false>", True),
+        for schedule, struct, tail, combine in (("ws", "SplitKVWsConfig", "3, true, 1>", False),
+                                                ("ws_unfused", "SplitKVWsConfig", "3, false, 1>", True),
                                                 ("baseline", "SplitKVConfig", "2>", True),
                                                 ("seesaw", "SplitKVSeesawConfig", "2>", True)):
             cfg = decode_config(dtype, d, dv, page, SM90.tuning, schedule)
@@ -40,8 +40,27 @@ def test_every_supported_config_renders():
             names.add(src.name)
     assert len(names) == 4 * 2 * len(SUPPORTED_HEAD_DIMS) * len(SUPPORTED_PAGE_SIZES)
     assert decode_config("bf16", 576, 512, 64, SM90.tuning).schedule == "ws"  # the default
-    assert "64, 64, 3, false>" in family.source(decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused"),
-                                                SM90).source
+    assert "64, 64, 3, false, 1>" in family.source(decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused"),
+                                                   SM90).source
+    clustered = decode_config("bf16", 576, 512, 64, SM90.tuning, "ws", 2)
+    assert "64, 64, 3, true, 2>" in family.source(clustered, SM90).source and clustered.cluster == (1, 1, 2)
+    assert decode_config("bf16", 576, 512, 64, SM90.tuning, "ws").cluster is None
+    with pytest.raises(ValueError, match="cluster_m"):
+        decode_config("bf16", 576, 512, 64, SM90.tuning, "seesaw", 2)
+
+
+def test_cluster_size_divides_the_row_tiles(monkeypatch):
+    from mla_jit.configs.decode import cluster_m_for
+    from mla_jit.errors import MlaJitError
+    from mla_jit.jit import env
+    assert [cluster_m_for(t) for t in (1, 2, 3, 4, 8)] == [1, 2, 1, 2, 2]   # auto: pairs of row tiles
+    assert [cluster_m_for(t, "4") for t in (1, 2, 3, 4, 8)] == [1, 2, 1, 4, 4]
+    assert [cluster_m_for(t, "1") for t in (2, 4)] == [1, 1]
+    monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", "3")
+    with pytest.raises(MlaJitError, match="MLA_JIT_SM90_CLUSTER"):
+        env.sm90_cluster()
+    monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", "1")
+    assert env.plan_inputs()[2] in ("1", b"1")  # part of the plan key
 
 
 def test_schedule_env_var_is_part_of_the_plan_key(monkeypatch):
@@ -58,9 +77,10 @@ def test_schedule_env_var_is_part_of_the_plan_key(monkeypatch):
 def test_prewarm_covers_every_preset():
     family = registry.get("mla_decode_sm90")
     cfgs = list(family.prewarm_configs(SM90.tuning, presets.resolve(["deepseek-v3", "deepseek-v2-lite"])))
-    # The default "auto" schedule picks the fused or the unfused ws kernel per call: both warmed.
-    assert cfgs == [decode_config("bf16", 576, 512, 64, SM90.tuning, "ws"),
-                    decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused")]
+    # The default "auto" schedule picks the fused or the unfused ws kernel per call: both warmed,
+    # each unclustered and in clusters of 2 (128 heads, or 64 at s_q = 2: two row tiles).
+    assert cfgs == [decode_config("bf16", 576, 512, 64, SM90.tuning, schedule, cluster_m)
+                    for schedule in ("ws", "ws_unfused") for cluster_m in (1, 2)]
 
 
 def test_fused_combine_pays_only_for_small_calls_with_small_partials():
@@ -98,6 +118,7 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning)),
                              ("mla_decode_sm90", decode_config("bf16", 512, 512, 16, SM90.tuning)),
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused")),
+                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 16, SM90.tuning, "ws_unfused", 2)),
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "baseline")),
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "seesaw"))):
         family = registry.get(family_name)
@@ -158,7 +179,7 @@ def test_sm80_family_compiles_without_spills_with_hmma_and_cp_async(arch_name, r
 @pytest.mark.parametrize("d,page", [(576, 64), (512, 16)])
 def test_ws_fences_the_previous_p_while_s_runs(d, page, cache_root, tmp_path):
     """WG0 fences P(n - 1)'s stores for the async proxy between issuing S(n) and waiting for it, so
-    the fence's latency hides behind the wgmmas: ptxas must not move the wait above the fence."""
+    the fence's latency hides behind the wgmmas: ptxas must not move the waits above the fence."""
     import re
     import subprocess
     tool, tool_env = _cuobjdump()
@@ -170,10 +191,33 @@ def test_ws_fences_the_previous_p_while_s_runs(d, page, cache_root, tmp_path):
     cubin.write_bytes(binary.cubin)
     sass = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True,
                           env=tool_env).stdout
-    ops = re.findall(r"(HGMMA\.64x64x16\.F32\.BF16|WARPGROUP\.DEPBAR\.LE gsb0, 0x0|FENCE\.VIEW\.ASYNC\.S)", sass)
-    # The tile loop: S's 64 x 64 wgmmas, the fence, then the wait.
-    assert any(ops[i:i + 3] == ["HGMMA.64x64x16.F32.BF16", "FENCE.VIEW.ASYNC.S", "WARPGROUP.DEPBAR.LE gsb0, 0x0"]
-               for i in range(len(ops) - 2)), ops
+    ops = re.findall(r"(HGMMA\.64x64x16\.F32\.BF16|WARPGROUP\.DEPBAR\.LE gsb0, 0x[01]|FENCE\.VIEW\.ASYNC\.S)", sass)
+    # The tile loop: S's 64 x 64 wgmmas (two commit groups), the fence, the wait for the first
+    # group (P(n - 1) is published after it), then the wait for the rest.
+    assert any(ops[i:i + 4] == ["HGMMA.64x64x16.F32.BF16", "FENCE.VIEW.ASYNC.S", "WARPGROUP.DEPBAR.LE gsb0, 0x1",
+                                "WARPGROUP.DEPBAR.LE gsb0, 0x0"] for i in range(len(ops) - 3)), ops
+
+
+@pytest.mark.slow
+def test_clustered_ws_arrives_without_gpu_scope_fences(cache_root, tmp_path):
+    """The P V warps tell every CTA of the cluster that a stage is free with remote mbarrier
+    arrives once per tile; with .release.cluster each one cost a MEMBAR.ALL.GPU (ncu: warps stalled
+    on membar, H200). The unfused kernel has no other GPU-scope fence than the two cluster
+    barriers (after barrier init, before exit)."""
+    import re
+    import subprocess
+    tool, tool_env = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    family = registry.get("mla_decode_sm90")
+    binary = build(family.source(decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused", 2), SM90))
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(binary.cubin)
+    sass = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True,
+                          env=tool_env).stdout
+    splitkv = sass.split("Function : mla_jit_decode_splitkv")[1].split("Function :")[0]
+    assert len(re.findall(r"MEMBAR\.ALL\.GPU", splitkv)) == 2, re.findall(r"MEMBAR[.\w]*", splitkv)
+    assert "UTMALDG.3D.MULTICAST" in splitkv  # each tile chunk loaded once for the cluster
 
 
 def test_sm80_smem_limit_is_enforced_at_compile_time(cache_root):
@@ -241,18 +285,26 @@ def test_decode_launch_geometry(tuning, override, rows, expect, monkeypatch):
         family = registry.get(name)
         monkeypatch.setattr(family, "binary", lambda cfg, arch: None)
         monkeypatch.setattr(family, "launcher", lambda *a, **k: calls.append((a, k)) or len(calls))
+        monkeypatch.setattr(family, "kernel", lambda *a: None)
+    resident = []  # clusters the GPU keeps resident at once, as cuOccupancyMaxActiveClusters would say
+    monkeypatch.setattr(op, "max_active_clusters", lambda kernel, grid, block, smem, cluster: resident[0])
     q = torch.zeros(3, 1, rows, 576, dtype=torch.bfloat16)
     k_cache = torch.zeros(4, 64, 1, 576, dtype=torch.bfloat16)
     family_name, row_tiles, threads, want_box = expect
     # Sequences of at most one KV tile: one split per batch, so the sm90 "auto" schedule fuses the
     # combine into the split-KV kernel; long ones (many splits of 64 rows) get the combine kernel.
-    for max_seq_tokens, fused in ((64, family_name == "mla_decode_sm90"), (1 << 20, False)):
+    # Two row tiles on sm90: clusters of 2 (7 of them) when all fit at once, else none.
+    for (max_seq_tokens, fused), fits in itertools.product(((64, family_name == "mla_decode_sm90"), (1 << 20, False)),
+                                                           (7, 6)):
         calls.clear()
+        resident[:] = [fits]
         splitkv, combine, box, plan_row_tiles = op._decode_plan(q, k_cache, 512, 7, max_seq_tokens)
         (sk_args, sk_kw), *combine_calls = calls
         assert sk_args[2] == registry.get(family_name).SPLITKV
         assert sk_args[5:7] == ((7, 1, row_tiles), (threads, 1, 1)) and plan_row_tiles == row_tiles
         assert sk_kw["dynamic_smem"] == (f"{registry.get(family_name).SPLITKV}_smem_bytes", 1234)
+        clustered = family_name == "mla_decode_sm90" and row_tiles == 2 and fits == 7
+        assert sk_kw["cluster"] == ((1, 1, 2) if clustered else None)
         if fused:
             assert combine is None and not combine_calls
         else:

@@ -357,3 +357,34 @@ def test_ws_tile_edges_match_reference(schedule, case, monkeypatch):
     monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", schedule)
     _check_case(case)
 
+
+
+# Row tiles 2, 4 and 8 (grid z), two KV heads, zero lengths, page 16 / 256, d = 512.
+_CLUSTER_CASES = [DecodeCase(6, 2, 4096, 64, 1, True, True), DecodeCase(2, 4, 16384, 128, 1, True, True, page=16),
+                  DecodeCase(2, 2, 4096, 128, 2, True, True, d=512), DecodeCase(1024, 4, 64, 128, 1, True, True),
+                  DecodeCase(128, 2, 140, 128, 1, True, True, zero_lens=True),
+                  DecodeCase(6, 1, 140, 128, 1, True, False, page=256), DecodeCase(3, 1, 5000, 128, 1, False, False)]
+
+
+@pytest.mark.parametrize("cluster", ["1", "2", "4"])
+@pytest.mark.parametrize("schedule", ["ws", "ws_unfused"])
+@pytest.mark.parametrize("case", _CLUSTER_CASES, ids=str)
+def test_ws_clusters_match_reference(cluster, schedule, case, monkeypatch):
+    """The ws kernels with the row tiles of a KV head in clusters of 1, 2 or 4 (each KV tile
+    multicast to the cluster; a stage refilled once every CTA of the cluster is done with it)."""
+    monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", schedule)
+    monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", cluster)
+    _check_case(case)
+
+
+def test_clustered_launch_is_used_where_asked(monkeypatch):
+    """Every cluster of the one-wave grid is resident on this GPU, so the clustered kernel runs
+    (not the fallback): 128 query heads = 2 row tiles, 66 clusters of 2 on 132 SMs."""
+    from mla_jit.runtimes import registry
+    monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", "2")
+    _check_case(DecodeCase(4, 1, 4096, 128, 1, True, False))
+    family = registry.get("mla_decode_sm90")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    # (cfg, arch, entry, device, grid, block, smem, cluster, pdl) of every launch prepared so far
+    launches = [(memo[4], memo[7]) for memo in family._launches if memo[2] == family.SPLITKV]
+    assert ((sms // 2, 1, 2), (1, 1, 2)) in launches, launches

@@ -44,6 +44,11 @@ class Sm80DecodeConfig:
         return False
 
     @property
+    def cluster(self) -> None:
+        """No thread block clusters (sm_80 has none)."""
+        return None
+
+    @property
     def q_in_registers(self) -> bool:
         """BLOCK_M 16: Q in registers, QK split over d across 4 warps (splitkv_sm80.cuh)."""
         return self.block_m == 16
@@ -76,10 +81,18 @@ class DecodeConfig:
     # "ws_unfused": the same with the combine kernel; "baseline": the first kernel (splitkv.cuh);
     # "seesaw": two S/softmax warpgroups taking turns (splitkv_seesaw.cuh, experimental).
     schedule: str = "ws"
+    # ws / ws_unfused: row tiles per thread block cluster; each KV tile is loaded once per cluster
+    # (TMA multicast) instead of once per row tile.
+    cluster_m: int = 1
 
     @property
     def num_threads(self) -> int:
         return 256 if self.schedule == "baseline" else 384
+
+    @property
+    def cluster(self) -> tuple[int, int, int] | None:
+        """Cluster dims of the split-KV launch (grid (parts, h_kv, row tiles)), None for none."""
+        return (1, 1, self.cluster_m) if self.cluster_m > 1 else None
 
     @property
     def fused_combine(self) -> bool:
@@ -124,16 +137,34 @@ def fused_combine_pays(batch: int, rows: int, parts: int, head_dim_v: int, max_s
     return splits * tile_rows * head_dim_v * 4 <= FUSED_COMBINE_MAX_BYTES
 
 
+CLUSTER_SCHEDULES = ("ws", "ws_unfused")
+
+
+def cluster_m_for(row_tiles: int, choice: str = "auto") -> int:
+    """Row tiles per cluster of the ws kernels for `row_tiles` row tiles (grid z) and the
+    MLA_JIT_SM90_CLUSTER choice: the largest asked-for size dividing row_tiles. Row tiles of one
+    KV head and SM part read the same KV tiles: with one row tile there is nothing to share.
+    "auto": 2 (interleaved against none, H200: 1.11-1.25x at h_q = 128, s_q = 1, where the pair
+    covers both row tiles; 1.006-1.039x at s_q = 2, two clusters per KV head). Not 4: one cluster
+    of 4 row tiles per SM part cannot all be resident (30 clusters of 4 on the H200's 132 SMs)."""
+    want = 2 if choice == "auto" else int(choice)
+    while want > 1 and row_tiles % want:
+        want //= 2
+    return want
+
+
 @functools.lru_cache(maxsize=None)
 def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
-                  schedule: str = "ws") -> DecodeConfig:
+                  schedule: str = "ws", cluster_m: int = 1) -> DecodeConfig:
     # baseline: Q (64 x d) + 2 KV stages (64 x d each) fill Hopper's 227 KB; 3 do not fit at d=576.
     # ws: Q[:, :dv] lives in registers and P in each stage's rope columns (or an 8 KB buffer per
     # stage at d=dv), so 3 stages fit (224 KB at d=576, 216 KB at d=512).
     # seesaw: Q (64 x d) in smem for both S warpgroups, so 2 stages.
     num_stages = 2 if schedule in ("baseline", "seesaw") else 3
+    if cluster_m != 1 and schedule not in CLUSTER_SCHEDULES:
+        raise ValueError(f"cluster_m {cluster_m}: only the {CLUSTER_SCHEDULES} schedules multicast")
     return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=num_stages,
-                        schedule=schedule)
+                        schedule=schedule, cluster_m=cluster_m)
 
 
 @functools.lru_cache(maxsize=None)

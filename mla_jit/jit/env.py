@@ -44,6 +44,10 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
            "P V warpgroups, splits merged in the kernel), ws_unfused (the same with a separate combine "
            "kernel), baseline (the first two-warpgroup kernel, kept for comparison) or seesaw "
            "(experimental: two S/softmax warpgroups taking turns, Q in smem, 2 stages)."),
+    EnvVar("MLA_JIT_SM90_CLUSTER", "auto",
+           "Row tiles per thread block cluster of the sm90 ws kernels (they multicast each KV tile to "
+           "the cluster): auto (2 where the row tile count is even and every cluster is resident at "
+           "once), 1, 2 or 4."),
 ]}
 
 
@@ -124,7 +128,18 @@ def sm90_decode_schedule() -> str:
     return name
 
 
-_PLAN_VARS = ("MLA_JIT_ARCH", "MLA_JIT_SM90_DECODE_SCHEDULE")
+SM90_CLUSTER_CHOICES = ("auto", "1", "2", "4")
+
+
+def sm90_cluster() -> str:
+    name = _raw("MLA_JIT_SM90_CLUSTER").strip().lower()
+    if name not in SM90_CLUSTER_CHOICES:
+        from ..errors import MlaJitError
+        raise MlaJitError(f"MLA_JIT_SM90_CLUSTER: expected one of {SM90_CLUSTER_CHOICES}, got {name!r}")
+    return name
+
+
+_PLAN_VARS = ("MLA_JIT_ARCH", "MLA_JIT_SM90_DECODE_SCHEDULE", "MLA_JIT_SM90_CLUSTER")
 
 
 # os.environ.get costs ~0.8 us for an unset variable (it raises and catches KeyError inside);
@@ -134,11 +149,11 @@ try:
     _PLAN_KEYS = tuple(os.environ.encodekey(name) for name in _PLAN_VARS)
 except AttributeError:  # pragma: no cover - a Python without os._Environ's internals
     _ENV_DATA, _PLAN_KEYS = os.environ, _PLAN_VARS
-_ARCH_KEY, _SCHEDULE_KEY = _PLAN_KEYS
+_ARCH_KEY, _SCHEDULE_KEY, _CLUSTER_KEY = _PLAN_KEYS
 
 
-def plan_inputs() -> tuple[object, object]:
+def plan_inputs() -> tuple[object, object, object]:
     """Raw values of the variables that pick a kernel, for ops' warm-path plan keys: no parsing
     here (it is on every call); the parsed accessors above run when a plan is built."""
     get = _ENV_DATA.get
-    return get(_ARCH_KEY), get(_SCHEDULE_KEY)
+    return get(_ARCH_KEY), get(_SCHEDULE_KEY), get(_CLUSTER_KEY)

@@ -137,3 +137,21 @@ class PreparedLaunch:
                 err = self._launch(self._config, self._function, self._arg_block_address, 0)[0]
         if err:
             check((err,), f"launching {self.kernel.name}")
+
+
+def max_active_clusters(kernel: LoadedKernel, grid: tuple[int, int, int], block: tuple[int, int, int],
+                        dynamic_smem: int, cluster: tuple[int, int, int]) -> int:
+    """How many clusters of `cluster` CTAs of this kernel the GPU keeps resident at once
+    (cuOccupancyMaxActiveClusters): an SM's neighbours in its GPC bound it, not the SM count alone."""
+    driver = cu()
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes = dynamic_smem
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+    config.attrs = [attr]
+    config.numAttrs = 1
+    return int(check(driver.cuOccupancyMaxActiveClusters(kernel.function, config),
+                     f"cuOccupancyMaxActiveClusters({kernel.name})"))

@@ -2,23 +2,27 @@
 from __future__ import annotations
 
 import functools
+import logging
 import math
 
 import torch
 
-from ..configs.decode import (COMBINE_ROWS_PER_CTA, COMBINE_THREADS, SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES,
-                              accum_rows, block_m_for, ctas_per_sm_for, decode_config, fused_combine_pays,
-                              metadata_config, num_sm_parts, sm80_decode_config)
+from ..configs.decode import (BLOCK_M, CLUSTER_SCHEDULES, COMBINE_ROWS_PER_CTA, COMBINE_THREADS,
+                              SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, accum_rows, block_m_for, cluster_m_for,
+                              ctas_per_sm_for, decode_config, fused_combine_pays, metadata_config, num_sm_parts,
+                              sm80_decode_config)
 from ..dtypes import name_of
 from ..errors import InvalidArgumentError
 from ..jit import env, tma
 from ..jit.arch import resolve_for_device
-from ..jit.launch import PTR, TMA_DESC, Blob
+from ..jit.launch import PTR, TMA_DESC, Blob, max_active_clusters
 from ..jit.loader import read_global_int32
 from ..jit.stream import current_stream
 from ..runtimes import registry
 from ..runtimes.decode import DECODE_PARAMS, METADATA_PARAMS
 from . import validate, workspace
+
+log = logging.getLogger(__name__)
 
 _QKV_DTYPES = (torch.bfloat16, torch.float16)
 _METADATA_SIZE = 8
@@ -171,7 +175,8 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int, max_seq_tokens: int):
             fused = fused_combine_pays(b, rows, parts, head_dim_v, max_seq_tokens,
                                        h_kv * d * k_cache.element_size())
             schedule = "ws" if fused else "ws_unfused"
-        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule)
+        cluster_m = cluster_m_for(-(-rows // BLOCK_M), env.sm90_cluster()) if schedule in CLUSTER_SCHEDULES else 1
+        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule, cluster_m)
         params, threads, box = (Blob(DECODE_PARAMS.size), TMA_DESC), cfg.num_threads, (min(page_size, cfg.block_n), 1, 64)
     else:
         family = registry.get("mla_decode_sm80")
@@ -182,9 +187,12 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int, max_seq_tokens: int):
     if smem is None:
         smem = family.plans[smem_key] = read_global_int32(family.binary(cfg, arch),
                                                           f"{family.SPLITKV}_smem_bytes", device)
-    splitkv = family.launcher(cfg, arch, family.SPLITKV, device, params,
-                              (parts, h_kv, -(-rows // cfg.block_m)), (threads, 1, 1), dynamic_smem=smem)
     row_tiles = -(-rows // cfg.block_m)
+    grid = (parts, h_kv, row_tiles)
+    if cfg.cluster is not None and not _clusters_fit(family, cfg, arch, device, grid, threads, smem):
+        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, cfg.schedule, 1)
+    splitkv = family.launcher(cfg, arch, family.SPLITKV, device, params, grid, (threads, 1, 1), dynamic_smem=smem,
+                              cluster=cfg.cluster)
     if cfg.fused_combine:
         return splitkv, None, box, row_tiles
     # Programmatic dependent launch exists from sm_90 on; below, the combine simply follows in stream order.
@@ -192,6 +200,18 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int, max_seq_tokens: int):
                               (b, h_kv, -(-rows // COMBINE_ROWS_PER_CTA)), (COMBINE_THREADS, 1, 1),
                               pdl=arch.target.major >= 9)
     return splitkv, combine, box, row_tiles
+
+
+def _clusters_fit(family, cfg, arch, device: int, grid: tuple[int, int, int], threads: int, smem: int) -> bool:
+    """Whether every cluster of the split-KV grid is resident at once: the scheduler plans one wave
+    of CTAs, and a cluster left over for a second wave would double the call's time."""
+    kernel = family.kernel(cfg, arch, family.SPLITKV, device, smem)
+    fits = max_active_clusters(kernel, grid, (threads, 1, 1), smem, cfg.cluster)
+    needed = grid[0] * grid[1] * grid[2] // cfg.cluster_m
+    if fits < needed:
+        log.info("%s: %d clusters of %d needed, %d resident at once: launching without clusters",
+                 family.kernel_name(cfg), needed, cfg.cluster_m, fits)
+    return fits >= needed
 
 
 def _kv_descriptor(k_cache: torch.Tensor, key: tuple, box: tuple[int, int, int]) -> tma.TmaDescriptor:

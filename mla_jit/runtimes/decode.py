@@ -4,8 +4,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Iterable
 
-from ..configs.decode import (SUPPORTED_HEAD_DIMS, DecodeConfig, MetadataConfig, Sm80DecodeConfig,
-                              decode_config, metadata_config, sm80_decode_config)
+from ..configs.decode import (BLOCK_M, CLUSTER_SCHEDULES, SUPPORTED_HEAD_DIMS, DecodeConfig, MetadataConfig,
+                              Sm80DecodeConfig, cluster_m_for, decode_config, metadata_config, sm80_decode_config)
 from ..dtypes import cpp_type
 from ..jit import env
 from ..jit.arch import Arch, ArchPair
@@ -42,6 +42,14 @@ def _preset_shapes(presets: list[Preset]) -> list[Preset]:
     return [p for p in presets if (p.head_dim, p.head_dim_v) in SUPPORTED_HEAD_DIMS]
 
 
+def _cluster_sizes(preset: Preset, schedule: str, choice: str) -> list[int]:
+    """Cluster sizes the sm90 kernels of `preset` run with at s_q 1 and 2 (always 1 among them)."""
+    if schedule not in CLUSTER_SCHEDULES:
+        return [1]
+    rows = (s_q * preset.num_heads_q // preset.num_heads_kv for s_q in (1, 2))
+    return sorted({1, *(cluster_m_for(-(-r // BLOCK_M), choice) for r in rows)})
+
+
 @register
 class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
     name = "mla_decode_sm90"
@@ -65,6 +73,8 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
 
     def render_context(self, cfg: DecodeConfig, arch: ArchPair) -> dict[str, Any]:
         header, config, extra_args, body = self.SCHEDULES[cfg.schedule]
+        if cfg.schedule in CLUSTER_SCHEDULES:
+            extra_args += f", {cfg.cluster_m}"
         return {"splitkv_entry": self.SPLITKV, "combine_entry": "" if cfg.fused_combine else self.COMBINE,
                 "extra_config_args": extra_args, "dtype": cpp_type(cfg.dtype),
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "page_size": cfg.page_size,
@@ -76,8 +86,12 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
         # auto: which of the two a call takes depends on its batch and lengths; warm both.
         chosen = env.sm90_decode_schedule()
         schedules = ("ws", "ws_unfused") if chosen == "auto" else (chosen,)
-        configs = (decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch, schedule)
-                   for p in _preset_shapes(presets) for schedule in schedules)
+        # Clustered kernels where a preset's row tiles (s_q 1 or 2) share KV; the unclustered one too
+        # (a GPU that cannot keep every cluster resident falls back to it).
+        cluster = env.sm90_cluster()
+        configs = (decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch, schedule, cluster_m)
+                   for p in _preset_shapes(presets) for schedule in schedules
+                   for cluster_m in _cluster_sizes(p, schedule, cluster))
         return list(dict.fromkeys(configs))
 
 

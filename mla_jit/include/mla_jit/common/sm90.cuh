@@ -6,6 +6,7 @@
 namespace mla_jit {
 
 using cuda::std::int32_t;
+using cuda::std::uint16_t;
 using cuda::std::uint32_t;
 using cuda::std::uint64_t;
 
@@ -115,6 +116,46 @@ __device__ __forceinline__ void tma_load_3d_hint(void* smem_dst, const TmaDescri
       " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(smem_addr(smem_dst)),
       "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
       : "memory");
+}
+
+// tma_load_3d_hint, multicast: the box lands at the same smem offset in every CTA of the cluster
+// named in cta_mask, and each one's mbarrier at `bar`'s offset receives the bytes it got.
+__device__ __forceinline__ void tma_load_3d_multicast_hint(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar,
+                                                           int32_t c0, int32_t c1, int32_t c2, uint16_t cta_mask,
+                                                           uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      ".L2::cache_hint [%0], [%1, {%4, %5, %6}], [%2], %3, %7;" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)), "h"(cta_mask), "r"(c0), "r"(c1), "r"(c2),
+      "l"(policy)
+      : "memory");
+}
+
+// ---- Thread block clusters ----
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+
+// Arrive on the mbarrier at `bar`'s offset in the shared memory of cluster CTA `cta` (this CTA
+// included). Default (CTA-scope) semantics, as CUTLASS's ClusterBarrier: it tells a peer that
+// this CTA's wgmma reads of a stage are done (wgmma.wait retired them), which needs no
+// cluster-scope release of ordinary stores; .release.cluster costs a MEMBAR.ALL.GPU per arrive.
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(cta)
+      : "memory");
+}
+
+// Every thread of every CTA of the cluster (all threads must call it).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
 // 8-byte global store of two floats with an L2 cache-hint policy.

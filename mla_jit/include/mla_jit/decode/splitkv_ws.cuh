@@ -20,14 +20,15 @@
 //        registers, so the N = 64 S GEMM reads only K from smem); Q[:, 496:512] and, at d = 576,
 //        the 64 rope columns stay in smem and go through SS wgmmas into the same accumulator.
 //        (piece start: Q) -> wait full[s] -> (tail: zero K rows >= L) -> issue S(n) = Q K^T
-//        -> fence P(n-1)'s stores for the async proxy while S runs -> wait S(n) -> arrive p_full
-//        of tile n-1 -> mask + online softmax (lazy rescaling) -> P (bf16/fp16) and the per-row
+//        -> fence P(n-1)'s stores for the async proxy while S runs -> wait for S(n)'s first
+//        commit group -> arrive p_full of tile n-1 -> wait for the rest of S(n) -> mask + online softmax (lazy rescaling) -> P (bf16/fp16) and the per-row
 //        O rescale -> smem slots of stage s (stmatrix) -> (piece end: lse, arrive p_full[s] at
 //        once). The thread geometry and the walk's bookkeeping sit after S's wait, off the path
 //        from the P store to the next S issue.
 //        At the last tile of a piece P and the rescale are multiplied by 1/l, so O comes out
-//        normalized. P(n) is published only once S(n+1) is done, so S has the tensor cores to
-//        itself and P V(n) runs during the softmax of n+1. WG0 never waits for P V.
+//        normalized. P(n) is published only once most of S(n+1) is done (kSFirstGroupK), so S
+//        has the tensor cores nearly to itself and P V(n) runs during the end of S(n+1) and the
+//        softmax of n+1. WG0 never waits for P V.
 //   WG1, WG2 (P V): each owns half of O (64 x DV/2 fp32 in registers).
 //        wait p_full[s] -> O *= rescale (skipped where it is 1) -> O += P V[:, half] (SS wgmma,
 //        V = the K tile read through a transposed view; scale-d = 0 on a piece's first tile)
@@ -35,7 +36,8 @@
 //        Thread 128 (WG1) is the TMA producer: before waiting for P(n) it refills the stage of
 //        tile n-1 with tile n-1+NUM_STAGES once pv_done of tile n-1 completed.
 // K and V are the same smem tile (V = first HEAD_DIM_V columns), so every KV byte crosses HBM once
-// per CTA. P(n) is written into the rope columns [DV, DV + 64) of stage s's K tile once every warp
+// per CTA; with CLUSTER_M > 1 the row tiles of a cluster share each tile's loads (multicast), so
+// it crosses L2 -> SM once per cluster. P(n) is written into the rope columns [DV, DV + 64) of stage s's K tile once every warp
 // of WG0 finished S(n) (those columns are not part of V), so P lives and dies with its stage and
 // three 72 KB stages fit at d = 576. At d = dv there are no rope columns: one P buffer per stage.
 //
@@ -46,8 +48,10 @@
 //              fence.proxy.async, P and the zeroed tail rows are read by wgmma) and after S of
 //              the next tile (or at once at a piece's last tile). Waited by WG1/WG2. No cycle:
 //              S(n+1) needs full of n+1, issued after pv_done of n+1-NS <= n-1.
-//   pv_done[s] count 8: lane 0 of each WG1/WG2 warp after wgmma.wait of P V(n) and after reading
-//              row_scale / info. Waited by the producer before refilling stage s with tile n+NS.
+//   pv_done[s] count 8 x CLUSTER_M: lane r < CLUSTER_M of each WG1/WG2 warp of every CTA of the
+//              cluster, on cluster CTA r's barrier, after wgmma.wait of P V(n) and after reading
+//              row_scale / info. Waited by the producer before refilling stage s with tile n+NS
+//              (its multicast writes stage s of every CTA of the cluster).
 //   Stage s's P, row_scale[s], info[s] (and its K/V rows, which WG0 zeroes for a tail tile) are
 //   rewritten only by WG0 for tile n+NS, after it waited full[s] of n+NS, which the producer
 //   issued after pv_done[s] of n: the chain full <- pv_done protects every per-stage slot, so WG0
@@ -288,7 +292,8 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 }  // namespace detail
 
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
-          int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true>
+          int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int CLUSTER_M_ = 1,
+          int S_FIRST_GROUP_K_ = 18>
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_>;
   using Element = Element_;
@@ -301,6 +306,18 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // The CTA that finishes the last split of a (batch, KV head, row tile) merges the splits itself
   // (no combine kernel), and the kernel writes out = 0 / lse = +inf for empty batches.
   static constexpr bool kFusedCombine = FUSED_COMBINE_;
+  // Row tiles per cluster (launched with cluster dims (1, 1, CLUSTER_M)): the cluster's CTAs walk
+  // the same KV tiles (same metadata part and KV head), so each producer loads 1 / CLUSTER_M of
+  // every tile's column chunks and multicasts them to all; a stage is refilled once the P V
+  // warpgroups of every CTA in the cluster are done with it.
+  static constexpr int CLUSTER_M = CLUSTER_M_;
+  static_assert(CLUSTER_M == 1 || CLUSTER_M == 2 || CLUSTER_M == 4, "cluster of 1, 2 or 4 row tiles");
+  // S in two commit groups, the first of S_FIRST_GROUP_K of the 31 register k-steps (0: one
+  // group): P(n-1) is published once the first group is done, so P V(n-1), and the refill of its
+  // stage that its end starts, begin before S(n) ends (WG0 waited ~11% of its time for a tile's
+  // bytes). Interleaved against one group (H200): 0.945-0.977x the time on the h_q = 128, s_q = 2
+  // rows at 18, 27 and 31, the s_q = 1 rows within their noise.
+  static constexpr int kSFirstGroupK = S_FIRST_GROUP_K_;
 
   // Per-thread registers after setmaxnreg: WG0 (Q fragment + S) and the P V warpgroups (O half).
   // kRegsS + 2 * kRegsPV <= 3 * 168 (the launch allocation); see the header comment.
@@ -378,13 +395,15 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     for (int s = 0; s < NS; ++s) {
       mbarrier_init(&ss.full[s], 1);
       mbarrier_init(&ss.p_full[s], 4);
-      mbarrier_init(&ss.pv_done[s], 8);
+      mbarrier_init(&ss.pv_done[s], 8 * Cfg::CLUSTER_M);
     }
     ss.num_pending = 0;
     fence_barrier_init();
   }
   if (is_producer) prefetch_tma_descriptor(tmap);
   __syncthreads();
+  // Every CTA's barriers are initialized before any peer multicasts into it or arrives on them.
+  if constexpr (Cfg::CLUSTER_M > 1) cluster_sync();
 
   // No-op unless launched as a programmatic dependent of the metadata kernel.
   pdl_wait_primary();
@@ -406,7 +425,19 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     const int g = blockIdx.y;
     const int* bt = p.block_table + (long long)prod.bi * p.block_table_stride;
     Element* dst = ss.kv[stage];
-    const uint64_t kv_policy = gridDim.z == 1 ? l2_evict_first_policy() : l2_evict_normal_policy();
+    const uint64_t kv_policy =
+        gridDim.z == Cfg::CLUSTER_M ? l2_evict_first_policy() : l2_evict_normal_policy();
+    // Column chunk i of the tile is loaded by cluster CTA i % CLUSTER_M, for every CTA.
+    const uint32_t rank = Cfg::CLUSTER_M > 1 ? cluster_cta_rank() : 0;
+    auto load_chunk = [&](int i, Element* chunk_dst, int col, int row) {
+      if constexpr (Cfg::CLUSTER_M == 1) {
+        tma_load_3d_hint(chunk_dst, tmap, &ss.full[stage], col, g, row, kv_policy);
+      } else if (i % Cfg::CLUSTER_M == int(rank)) {
+        tma_load_3d_multicast_hint(chunk_dst, tmap, &ss.full[stage], col, g, row,
+                                   uint16_t((1u << Cfg::CLUSTER_M) - 1), kv_policy);
+      }
+    };
+
     // Block-table reads first: their latency overlaps the wait for the stage.
     if constexpr (Cfg::kPagesPerTile == 1) {
       const int page = prod.tok / Cfg::PAGE_SIZE;
@@ -414,9 +445,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       if (n >= NS) mbarrier_wait(&ss.pv_done[stage], (n / NS - 1) & 1);
       mbarrier_arrive_expect_tx(&ss.full[stage], Cfg::kTileBytes);
 #pragma unroll
-      for (int c = 0; c < Cfg::kColChunks; ++c)
-        tma_load_3d_hint(dst + c * BN * Cfg::kBoxCols, tmap, &ss.full[stage], c * Cfg::kBoxCols, g, row,
-                         kv_policy);
+      for (int c = 0; c < Cfg::kColChunks; ++c) load_chunk(c, dst + c * BN * Cfg::kBoxCols, c * Cfg::kBoxCols, row);
     } else {
       // Several pages per tile: load only pages that hold tokens < L (later block_table
       // entries may be garbage, later pages NaN).
@@ -432,8 +461,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         const int row = pages[j] * Cfg::PAGE_SIZE;
 #pragma unroll
         for (int c = 0; c < Cfg::kColChunks; ++c)
-          tma_load_3d_hint(dst + c * BN * Cfg::kBoxCols + j * Cfg::kBoxRows * Cfg::kBoxCols, tmap, &ss.full[stage],
-                           c * Cfg::kBoxCols, g, row, kv_policy);
+          load_chunk(c, dst + c * BN * Cfg::kBoxCols + j * Cfg::kBoxRows * Cfg::kBoxCols, c * Cfg::kBoxCols, row);
       }
     }
     ss.prod_n = n + 1;
@@ -627,10 +655,12 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       warpgroup_fence_operand(tSrS);
       warpgroup_arrive();
       mma_rs.accumulate_ = GMMA::ScaleOut::Zero;
+      static_assert(Cfg::kSFirstGroupK >= 0 && Cfg::kSFirstGroupK <= kRegK, "S's first commit group");
 #pragma unroll
       for (int k = 0; k < kRegK; ++k) {
         gemm(mma_rs, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
         mma_rs.accumulate_ = GMMA::ScaleOut::One;
+        if (Cfg::kSFirstGroupK > 0 && k + 1 == Cfg::kSFirstGroupK) warpgroup_commit_batch();
       }
       mma_ss.accumulate_ = GMMA::ScaleOut::One;
       gemm(mma_ss, tSrQ16(_, _, 0), tSsK(_, _, kRegK), tSrS);
@@ -668,18 +698,20 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       Element* kv = ss.kv[stage];
 
       // P(n - 1)'s stores reach the async proxy while S(n) runs (the fence waits for them); P(n - 1)
-      // goes to the P V warpgroups only once S(n) is done: S then has the tensor cores to itself,
-      // and P V(n - 1) runs during this softmax (tile trace, H200: 4220 -> 3550 cycles per tile at
-      // h_q = 128).
+      // goes to the P V warpgroups only once most of S(n) is done: S then has the tensor cores
+      // (nearly) to itself, and P V(n - 1) runs during the rest of it and this softmax (tile
+      // trace, H200: 4220 -> 3550 cycles per tile at h_q = 128 when published after all of S).
       fence_proxy_async_shared();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-      warpgroup_fence_operand(tSrQ32);
+      if constexpr (Cfg::kSFirstGroupK > 0) warpgroup_wait<1>();
+      else warpgroup_wait<0>();
       if (unpublished >= 0) {
         __syncwarp();
         if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[unpublished]);
         unpublished = -1;
       }
+      if constexpr (Cfg::kSFirstGroupK > 0) warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      warpgroup_fence_operand(tSrQ32);
 
       // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1. Keys < L - s_q + 1 are
       // visible to every row, so only a piece's last tile or two mask: the row limits need an
@@ -870,7 +902,12 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       // Read the rest of stage s's slots before releasing the stage.
       const detail::WsTileInfo info = ss.info[stage];
       __syncwarp();
-      if (lane == 0) mbarrier_arrive(&ss.pv_done[stage]);
+      if constexpr (Cfg::CLUSTER_M == 1) {
+        if (lane == 0) mbarrier_arrive(&ss.pv_done[stage]);
+      } else {
+        // Lane r tells cluster CTA r: its producer multicasts into this CTA's stage too.
+        if (lane < Cfg::CLUSTER_M) mbarrier_arrive_cluster(&ss.pv_done[stage], lane);
+      }
 
       if (info.last) {
         // This warpgroup's half of O for the finished piece (rows < p.rows only).
@@ -916,6 +953,8 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
                                     reinterpret_cast<float*>(ss.kv), tid);
     }
   }
+  // No CTA leaves while a peer may still arrive on its pv_done barriers.
+  if constexpr (Cfg::CLUSTER_M > 1) cluster_sync();
   pdl_launch_dependents();
 }
 
