@@ -5,8 +5,8 @@ import itertools
 import pytest
 
 from mla_jit import presets
-from mla_jit.configs.decode import (SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, accum_rows, decode_config,
-                                    metadata_config, num_sm_parts)
+from mla_jit.configs.decode import (SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, DecodeConfig, accum_rows,
+                                    decode_config, metadata_config, num_sm_parts)
 from mla_jit.jit.build import build
 from mla_jit.runtimes import registry
 from mla_jit.runtimes.decode import DECODE_PARAMS
@@ -47,6 +47,10 @@ def test_every_supported_config_renders():
     assert decode_config("bf16", 576, 512, 64, SM90.tuning, "ws").cluster is None
     with pytest.raises(ValueError, match="cluster_m"):
         decode_config("bf16", 576, 512, 64, SM90.tuning, "seesaw", 2)
+    with pytest.raises(ValueError, match="cluster_m"):  # also a config built from a prewarm --config spec
+        DecodeConfig("bf16", 576, 512, 64, 64, 64, 3, "baseline", cluster_m=2)
+    with pytest.raises(ValueError, match="cluster_m"):
+        decode_config("bf16", 576, 512, 64, SM90.tuning, "ws", 4)
 
 
 def test_cluster_size_divides_the_row_tiles(monkeypatch):
@@ -54,9 +58,9 @@ def test_cluster_size_divides_the_row_tiles(monkeypatch):
     from mla_jit.errors import MlaJitError
     from mla_jit.jit import env
     assert [cluster_m_for(t) for t in (1, 2, 3, 4, 8)] == [1, 2, 1, 2, 2]   # auto: pairs of row tiles
-    assert [cluster_m_for(t, "4") for t in (1, 2, 3, 4, 8)] == [1, 2, 1, 4, 4]
+    assert [cluster_m_for(t, "2") for t in (1, 2, 3, 4, 8)] == [1, 2, 1, 2, 2]
     assert [cluster_m_for(t, "1") for t in (2, 4)] == [1, 1]
-    monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", "3")
+    monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", "4")  # 33 clusters of 4 do not fit 132 SMs: not offered
     with pytest.raises(MlaJitError, match="MLA_JIT_SM90_CLUSTER"):
         env.sm90_cluster()
     monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", "1")
@@ -279,6 +283,8 @@ def test_decode_launch_geometry(tuning, override, rows, expect, monkeypatch):
     arch = ArchPair(parse_arch(tuning), parse_arch("sm_90a"))
     monkeypatch.setattr(op, "resolve_for_device", lambda device: arch)
     monkeypatch.setenv("MLA_JIT_ARCH", override)
+    monkeypatch.delenv("MLA_JIT_SM90_CLUSTER", raising=False)
+    monkeypatch.delenv("MLA_JIT_SM90_DECODE_SCHEDULE", raising=False)
     monkeypatch.setattr(op, "read_global_int32", lambda binary, symbol, device: (symbol, 1234))
     calls = []
     for name in ("mla_decode_sm90", "mla_decode_sm80"):

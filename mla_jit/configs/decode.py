@@ -68,6 +68,9 @@ _REGS_PER_SM = 65536
 _REG_GRANULE = 8
 
 
+CLUSTER_SCHEDULES = ("ws", "ws_unfused")
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     dtype: str          # "bf16" or "fp16"
@@ -88,6 +91,10 @@ class DecodeConfig:
     @property
     def num_threads(self) -> int:
         return 256 if self.schedule == "baseline" else 384
+
+    def __post_init__(self):
+        if self.cluster_m not in (1, 2) or (self.cluster_m != 1 and self.schedule not in CLUSTER_SCHEDULES):
+            raise ValueError(f"cluster_m {self.cluster_m}: 1, or 2 with the {CLUSTER_SCHEDULES} schedules")
 
     @property
     def cluster(self) -> tuple[int, int, int] | None:
@@ -137,20 +144,14 @@ def fused_combine_pays(batch: int, rows: int, parts: int, head_dim_v: int, max_s
     return splits * tile_rows * head_dim_v * 4 <= FUSED_COMBINE_MAX_BYTES
 
 
-CLUSTER_SCHEDULES = ("ws", "ws_unfused")
-
-
 def cluster_m_for(row_tiles: int, choice: str = "auto") -> int:
     """Row tiles per cluster of the ws kernels for `row_tiles` row tiles (grid z) and the
-    MLA_JIT_SM90_CLUSTER choice: the largest asked-for size dividing row_tiles. Row tiles of one
-    KV head and SM part read the same KV tiles: with one row tile there is nothing to share.
-    "auto": 2 (interleaved against none, H200: 1.11-1.25x at h_q = 128, s_q = 1, where the pair
-    covers both row tiles; 1.006-1.039x at s_q = 2, two clusters per KV head). Not 4: one cluster
-    of 4 row tiles per SM part cannot all be resident (30 clusters of 4 on the H200's 132 SMs)."""
-    want = 2 if choice == "auto" else int(choice)
-    while want > 1 and row_tiles % want:
-        want //= 2
-    return want
+    MLA_JIT_SM90_CLUSTER choice ("auto" or "2": 2 where row_tiles is even, else 1; "1": 1). Row
+    tiles of one KV head and SM part read the same KV tiles: with one row tile there is nothing to
+    share. Interleaved against none (H200): 1.11-1.25x at h_q = 128, s_q = 1, where the pair covers
+    both row tiles; 1.006-1.039x at s_q = 2 (two clusters per KV head). Not 4: the 33 clusters of
+    4 a 132-SM grid of 4 row tiles needs cannot all be resident (30 fit on the H200)."""
+    return 2 if choice != "1" and row_tiles % 2 == 0 else 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -161,8 +162,6 @@ def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, ar
     # stage at d=dv), so 3 stages fit (224 KB at d=576, 216 KB at d=512).
     # seesaw: Q (64 x d) in smem for both S warpgroups, so 2 stages.
     num_stages = 2 if schedule in ("baseline", "seesaw") else 3
-    if cluster_m != 1 and schedule not in CLUSTER_SCHEDULES:
-        raise ValueError(f"cluster_m {cluster_m}: only the {CLUSTER_SCHEDULES} schedules multicast")
     return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=num_stages,
                         schedule=schedule, cluster_m=cluster_m)
 

@@ -46,8 +46,8 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
            "(experimental: two S/softmax warpgroups taking turns, Q in smem, 2 stages)."),
     EnvVar("MLA_JIT_SM90_CLUSTER", "auto",
            "Row tiles per thread block cluster of the sm90 ws kernels (they multicast each KV tile to "
-           "the cluster): auto (2 where the row tile count is even and every cluster is resident at "
-           "once), 1, 2 or 4."),
+           "the cluster): auto or 2 (2 where the row tile count is even and every cluster is resident "
+           "at once) or 1."),
 ]}
 
 
@@ -128,7 +128,7 @@ def sm90_decode_schedule() -> str:
     return name
 
 
-SM90_CLUSTER_CHOICES = ("auto", "1", "2", "4")
+SM90_CLUSTER_CHOICES = ("auto", "1", "2")
 
 
 def sm90_cluster() -> str:

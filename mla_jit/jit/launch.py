@@ -60,6 +60,7 @@ class PreparedLaunch:
                  cluster: tuple[int, int, int] | None = None, pdl: bool = False):
         driver = cu()
         self.kernel = kernel
+        self.cluster = cluster if cluster != (1, 1, 1) else None
         config = driver.CUlaunchConfig()
         config.gridDimX, config.gridDimY, config.gridDimZ = grid
         config.blockDimX, config.blockDimY, config.blockDimZ = block

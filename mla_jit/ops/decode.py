@@ -170,12 +170,12 @@ def _decode_plan(q, k_cache, head_dim_v: int, parts: int, max_seq_tokens: int):
     dtype = name_of(q.dtype)
     if arch.tuning.major >= 9:
         family = registry.get("mla_decode_sm90")
-        schedule = env.sm90_decode_schedule()
+        schedule, cluster_choice = env.sm90_decode_schedule(), env.sm90_cluster()
         if schedule == "auto":
             fused = fused_combine_pays(b, rows, parts, head_dim_v, max_seq_tokens,
                                        h_kv * d * k_cache.element_size())
             schedule = "ws" if fused else "ws_unfused"
-        cluster_m = cluster_m_for(-(-rows // BLOCK_M), env.sm90_cluster()) if schedule in CLUSTER_SCHEDULES else 1
+        cluster_m = cluster_m_for(-(-rows // BLOCK_M), cluster_choice) if schedule in CLUSTER_SCHEDULES else 1
         cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule, cluster_m)
         params, threads, box = (Blob(DECODE_PARAMS.size), TMA_DESC), cfg.num_threads, (min(page_size, cfg.block_n), 1, 64)
     else:

@@ -43,10 +43,11 @@ def _preset_shapes(presets: list[Preset]) -> list[Preset]:
 
 
 def _cluster_sizes(preset: Preset, schedule: str, choice: str) -> list[int]:
-    """Cluster sizes the sm90 kernels of `preset` run with at s_q 1 and 2 (always 1 among them)."""
+    """Cluster sizes the sm90 kernels of `preset` run with at s_q 1 to 4 (always 1 among them: the
+    fallback where not every cluster is resident)."""
     if schedule not in CLUSTER_SCHEDULES:
         return [1]
-    rows = (s_q * preset.num_heads_q // preset.num_heads_kv for s_q in (1, 2))
+    rows = (s_q * preset.num_heads_q // preset.num_heads_kv for s_q in (1, 2, 3, 4))
     return sorted({1, *(cluster_m_for(-(-r // BLOCK_M), choice) for r in rows)})
 
 
@@ -86,7 +87,7 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
         # auto: which of the two a call takes depends on its batch and lengths; warm both.
         chosen = env.sm90_decode_schedule()
         schedules = ("ws", "ws_unfused") if chosen == "auto" else (chosen,)
-        # Clustered kernels where a preset's row tiles (s_q 1 or 2) share KV; the unclustered one too
+        # Clustered kernels where a preset's row tiles (s_q 1 to 4) share KV; the unclustered one too
         # (a GPU that cannot keep every cluster resident falls back to it).
         cluster = env.sm90_cluster()
         configs = (decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch, schedule, cluster_m)

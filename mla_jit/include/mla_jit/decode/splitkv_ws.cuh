@@ -1,8 +1,8 @@
 // mla_jit decode: dense paged MLA split-KV kernel for sm_90a, "ws" schedule (warp-specialized:
 // one S/softmax warpgroup, two P V warpgroups).
 //
-// Grid (num_sm_parts, h_kv, ceil(rows / BLOCK_M)), block 384 threads, 1 CTA / SM, dynamic smem
-// SplitKVWsConfig<...>::kSmemBytes. Same contract as splitkv.cuh (metadata walk, TMA descriptor
+// Grid (num_sm_parts, h_kv, ceil(rows / BLOCK_M)), cluster (1, 1, CLUSTER_M), block 384 threads,
+// 1 CTA / SM, dynamic smem SplitKVWsConfig<...>::kSmemBytes. Same contract as splitkv.cuh (metadata walk, TMA descriptor
 // with box {64, 1, min(page, 64)} and 128B swizzle, out / lse for single-split batches, o_accum /
 // lse_accum otherwise).
 // FUSED_COMBINE (the default): no combine kernel. The CTA whose split completes a (batch, KV
@@ -45,13 +45,19 @@
 //   full[s]    count 1 + tx: producer arrive_expect_tx + TMA. Waited by WG0 before S / tail
 //              zeroing and (already complete, for visibility of the TMA bytes) by WG1/WG2.
 //   p_full[s]  count 4: lane 0 of each WG0 warp after its P / row_scale / info stores (and
-//              fence.proxy.async, P and the zeroed tail rows are read by wgmma) and after S of
-//              the next tile (or at once at a piece's last tile). Waited by WG1/WG2. No cycle:
-//              S(n+1) needs full of n+1, issued after pv_done of n+1-NS <= n-1.
+//              fence.proxy.async, P and the zeroed tail rows are read by wgmma) and after the
+//              first commit group of the next tile's S (or at once at a piece's last tile).
+//              Waited by WG1/WG2. No cycle: S(n+1) needs full
+//              of n+1, which every producer of the cluster issued after pv_done of n+1-NS <= n-1
+//              (the cluster's CTAs walk the same tiles: same metadata part and KV head).
 //   pv_done[s] count 8 x CLUSTER_M: lane r < CLUSTER_M of each WG1/WG2 warp of every CTA of the
 //              cluster, on cluster CTA r's barrier, after wgmma.wait of P V(n) and after reading
 //              row_scale / info. Waited by the producer before refilling stage s with tile n+NS
-//              (its multicast writes stage s of every CTA of the cluster).
+//              (its multicast writes stage s of every CTA of the cluster). The arrive is CTA-scope
+//              (CUTLASS's ClusterBarrier does the same; .release.cluster costs a MEMBAR.ALL.GPU
+//              per arrive): what it orders before the peer's TMA overwrite are reads (P V's
+//              wgmma, retired by wgmma.wait) and WG0's P / tail-zero stores, which that wgmma
+//              already read.
 //   Stage s's P, row_scale[s], info[s] (and its K/V rows, which WG0 zeroes for a tail tile) are
 //   rewritten only by WG0 for tile n+NS, after it waited full[s] of n+NS, which the producer
 //   issued after pv_done[s] of n: the chain full <- pv_done protects every per-stage slot, so WG0
@@ -311,7 +317,7 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // every tile's column chunks and multicasts them to all; a stage is refilled once the P V
   // warpgroups of every CTA in the cluster are done with it.
   static constexpr int CLUSTER_M = CLUSTER_M_;
-  static_assert(CLUSTER_M == 1 || CLUSTER_M == 2 || CLUSTER_M == 4, "cluster of 1, 2 or 4 row tiles");
+  static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "cluster of 1 or 2 row tiles (66 clusters of 2 fit 132 SMs, 30 of 4)");
   // S in two commit groups, the first of S_FIRST_GROUP_K of the 31 register k-steps (0: one
   // group): P(n-1) is published once the first group is done, so P V(n-1), and the refill of its
   // stage that its end starts, begin before S(n) ends (WG0 waited ~11% of its time for a tile's
@@ -369,7 +375,7 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     int num_pending;
     alignas(8) uint64_t full[NUM_STAGES];     // TMA landed (tx-count barrier)
     uint64_t p_full[NUM_STAGES];               // WG0 wrote P / row_scale / info (4 warp arrivals)
-    uint64_t pv_done[NUM_STAGES];              // WG1 + WG2 finished P V (8 warp arrivals)
+    uint64_t pv_done[NUM_STAGES];              // WG1 + WG2 of every cluster CTA finished P V (8 x CLUSTER_M)
   };
   // At d = 576 with 3 stages the +1024 alignment slack does not fit (see Sm90SmemSize).
   static constexpr int kSmemBytes = Sm90SmemSize<SharedStorage>::kBytes;
@@ -414,10 +420,10 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
 
   // ---------------- TMA producer (thread 128 only; state in smem) ----------------
   // Loads tile prod_n into stage prod_n % NS once every P V warp is done with tile prod_n - NS.
-  // With one row tile KV is read once: its lines go first out of L2, so that the split partials
-  // (stored with evict_last) are still in L2 when they are merged (H200: +3-4% on 32/1/4096/*).
-  // With several row tiles the other tiles' CTAs read the same KV through L2: normal priority
-  // (evict_first cost 1-4% on the h_q = 128 rows).
+  // When one CTA or cluster covers every row tile, KV is read once: its lines go first out of L2,
+  // so that the split partials (stored with evict_last) are still in L2 when they are merged
+  // (H200: +3-4% on 32/1/4096/*). Otherwise the other row tiles' CTAs read the same KV through
+  // L2: normal priority (evict_first cost 1-4% on the h_q = 128 rows before clusters).
   auto issue_tile = [&]() {
     detail::WorkCursor& prod = ss.prod;
     const int n = ss.prod_n;
@@ -627,7 +633,8 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       }
     };
 
-    // S(n) into tSrS, one commit group, once tile n (cur's tile) has landed. Not waited here.
+    // S(n) into tSrS, two commit groups (kSFirstGroupK), once tile n (cur's tile) has landed. Not
+    // waited here.
     auto issue_s = [&](int n) {
       const int tw = detail::ws_opaque(threadIdx.x % 128);
       const int stage = n % NS;
@@ -641,7 +648,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         fence_proxy_async_shared();
         named_barrier_sync(kBarWG0, 128);
       }
-      // ---- S = Q K^T, one commit group: Q[:, :kQRegCols] RS (Q from registers), the rest SS ----
+      // ---- S = Q K^T: Q[:, :kQRegCols] RS (Q from registers), the rest SS ----
       auto thr_rs = mma_rs.get_thread_slice(tw);
       typename Cfg::TiledMmaSSs mma_ss;
       auto thr_ss = mma_ss.get_thread_slice(tw);
