@@ -224,6 +224,20 @@ def test_clustered_ws_arrives_without_gpu_scope_fences(cache_root, tmp_path):
     assert "UTMALDG.3D.MULTICAST" in splitkv  # each tile chunk loaded once for the cluster
 
 
+@pytest.mark.slow
+def test_trace_builds_are_keyed_apart_and_export_their_tables(cache_root, monkeypatch):
+    """MLA_JIT_TRACE=1 compiles the per-CTA timestamp tables in (bench/trace_decode.py reads them
+    by name); without it the kernels hold no trace code, under another cache key."""
+    family = registry.get("mla_decode_sm90")
+    cfg = decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused")
+    monkeypatch.setenv("MLA_JIT_TRACE", "1")
+    traced = build(family.source(cfg, SM90))
+    assert b"mla_jit_trace_splitkv" in traced.cubin and b"mla_jit_trace_combine" in traced.cubin
+    monkeypatch.setenv("MLA_JIT_TRACE", "0")
+    plain = build(family.source(cfg, SM90))
+    assert plain.key != traced.key and b"mla_jit_trace" not in plain.cubin
+
+
 def test_sm80_smem_limit_is_enforced_at_compile_time(cache_root):
     import dataclasses
 

@@ -51,6 +51,8 @@ class Compiler(ABC):
         flags = [*_COMMON_FLAGS, *self._arch_flags(arch)]
         if env.lineinfo():
             flags.append("-lineinfo")
+        if env.trace():
+            flags.append("-DMLA_JIT_TRACE=1")
         return tuple(flags)
 
     def _verbose_flags(self) -> list[str]:

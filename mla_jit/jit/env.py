@@ -38,6 +38,9 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
            "1: pass -v to ptxas and log its resource report (registers, spills, smem)."),
     EnvVar("MLA_JIT_LINEINFO", "0", "1: compile with -lineinfo (for profilers and sanitizers).",
            changes_binary=True),
+    EnvVar("MLA_JIT_TRACE", "0",
+           "1: compile kernels with per-CTA timestamps at a few events (bench/trace_decode.py reads them).",
+           changes_binary=True),
     EnvVar("MLA_JIT_LOCK_TIMEOUT", "900", "Seconds to wait for another process compiling the same kernel."),
     EnvVar("MLA_JIT_SM90_DECODE_SCHEDULE", "auto",
            "sm90 split-KV schedule: auto (ws for small calls, ws_unfused otherwise), ws (one S/softmax warpgroup, two "
@@ -106,6 +109,10 @@ def ptxas_verbose() -> bool:
 
 def lineinfo() -> bool:
     return _flag("MLA_JIT_LINEINFO")
+
+
+def trace() -> bool:
+    return _flag("MLA_JIT_TRACE")
 
 
 def lock_timeout() -> float:

@@ -64,3 +64,13 @@ def read_global_int32(binary: Binary, symbol: str, device_index: int) -> int:
         value = ctypes.c_int32()
         check(driver.cuMemcpyDtoH(ctypes.addressof(value), dptr, 4), f"reading {symbol}")
     return value.value
+
+
+def global_address(binary: Binary, symbol: str, device_index: int) -> tuple[int, int]:
+    """(device address, size in bytes) of an `extern "C" __device__` variable of the binary."""
+    driver = cu()
+    with _lock:
+        ensure_context(device_index)
+        dptr, size = check(driver.cuLibraryGetGlobal(_library(binary), symbol.encode()),
+                           f"cuLibraryGetGlobal({symbol})")
+    return int(dptr), int(size)

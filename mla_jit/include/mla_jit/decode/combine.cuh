@@ -105,10 +105,15 @@ __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
   // started: read it before waiting for the split-KV kernel (this overlaps that kernel's tail).
   const int split_begin = p.num_splits[bi];
   const int nsplit = p.num_splits[bi + 1] - split_begin;
+  if (threadIdx.x == 0) {
+    MLA_JIT_TRACE_TIME(mla_jit_trace_combine, kTraceCombineEntry);
+    MLA_JIT_TRACE_VALUE(mla_jit_trace_combine, kTraceCombineSplits, nsplit);
+  }
 
   // Every CTA waits, even one with nothing to do: this grid must not complete before the split-KV
   // kernel it depends on (work ordered after it relies on that).
   pdl_wait_primary();  // everything below may read split-KV kernel results
+  if (threadIdx.x == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_combine, kTraceCombineGo);
   if (nsplit == 1) return;  // written directly by the split-KV kernel
 
   if (nsplit > kCombineMaxStagedSplits) {
@@ -169,6 +174,7 @@ __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
     v.y = ElemTraits<Element>::pack2(acc[j * 4 + 2], acc[j * 4 + 3]);
     *reinterpret_cast<uint2*>(out + (j * 32 + lane) * 4) = v;
   }
+  if (threadIdx.x == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_combine, kTraceCombineDone);
 }
 
 }  // namespace decode

@@ -7,9 +7,30 @@
 #include <cuda/std/limits>
 
 #include "mla_jit/common/sm90.cuh"
+#include "mla_jit/common/trace.cuh"
 
 namespace mla_jit {
 namespace decode {
+
+// Columns of the trace tables (MLA_JIT_TRACE builds; common/trace.cuh): times in ns of
+// %globaltimer unless noted. Split-KV kernel (ws schedule):
+enum TraceSplitKV {
+  kTraceEntry = 0,      // thread 0 at entry
+  kTraceTile0 = 1,      // the CTA's first KV tile has landed (seen by thread 256)
+  kTraceFirstQ = 2,     // WG0 has its first Q (seen by the producer, thread 128)
+  kTraceWg0Done = 3,    // WG0 left its tile loop
+  kTracePvDone = 4,     // the P V warpgroups left theirs (thread 128)
+  kTraceExit = 5,       // thread 0 at exit (after the fused combine)
+  kTraceTiles = 6,      // value: KV tiles of this CTA
+  kTraceSmId = 7,       // value: %smid
+};
+// Combine kernel:
+enum TraceCombine {
+  kTraceCombineEntry = 0,   // thread 0 at entry
+  kTraceCombineGo = 1,      // thread 0 past the wait for the split-KV grid
+  kTraceCombineDone = 2,    // thread 0 after its rows (CTAs that merge splits)
+  kTraceCombineSplits = 3,  // value: splits of the CTA's batch
+};
 
 // +inf without <math.h>/<cmath> (INFINITY is not defined under NVRTC).
 constexpr float kInf = cuda::std::numeric_limits<float>::infinity();

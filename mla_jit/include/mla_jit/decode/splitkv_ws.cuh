@@ -398,6 +398,8 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
   const bool is_producer = tid == 128;
 
   if (tid == 0) {
+    MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceEntry);
+    MLA_JIT_TRACE_VALUE(mla_jit_trace_splitkv, kTraceSmId, trace_smid());
     for (int s = 0; s < NS; ++s) {
       mbarrier_init(&ss.full[s], 1);
       mbarrier_init(&ss.p_full[s], 4);
@@ -815,6 +817,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         cur.tok += BN;
       }
     }
+    if (threadIdx.x == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceWg0Done);
     // The code after the role branches runs in every warp: give it one register budget.
     detail::setmaxnreg_dec<Cfg::kRegsPV>();
   } else {
@@ -866,11 +869,20 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     if (producer_warp) {
       named_barrier_sync(detail::kBarFirstQ, detail::kFirstQThreads);
       if (is_producer) {
+        MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceFirstQ);
+        MLA_JIT_TRACE_VALUE(mla_jit_trace_splitkv, kTraceTiles, num_tiles);
         for (int s = 1; s < NS && ss.prod.valid(); ++s) issue_tile();
       }
       __syncwarp();  // reconverge warp 4 before any .aligned instruction
     }
 
+#ifdef MLA_JIT_TRACE
+    if (tid == 256 && num_tiles > 0) {  // the first tile's landing, off WG0 (trace builds only)
+      mbarrier_wait(&ss.full[0], 0);
+      MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceTile0);
+    }
+    __syncwarp();
+#endif
     typename Cfg::TiledMmaO mma_o;
     Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<BM>, Int<DV / 2>>{});
 #pragma unroll
@@ -950,6 +962,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         phase ^= 1u;
       }
     }
+    if (is_producer) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTracePvDone);
   }
   if constexpr (Cfg::kFusedCombine) {
     // Step 2 of the fused combine: all 12 warps merge the batches this CTA completed. The KV
@@ -962,6 +975,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
   }
   // No CTA leaves while a peer may still arrive on its pv_done barriers.
   if constexpr (Cfg::CLUSTER_M > 1) cluster_sync();
+  if (tid == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceExit);
   pdl_launch_dependents();
 }
 

@@ -1,0 +1,124 @@
+"""Per-CTA timeline of one decode call (kernels built with MLA_JIT_TRACE=1): where a call's time goes.
+
+Usage: python bench/trace_decode.py B S_Q S_K H_Q [--schedule S] [--cluster C] [--runs N] [--rows-out PATH]
+Inputs and L2 flush as bench_decode.py (FlashMLA's recipe, a 2 GB zero_ before each call). The ws
+split-KV kernel and the combine kernel record %globaltimer at a few events per CTA (decode/common.cuh:
+TraceSplitKV, TraceCombine); this prints, over the last of N runs, each event's spread across CTAs
+in us from the first CTA's entry, the per-tile rate, and the combine kernel's span. --rows-out
+writes every CTA's row (CSV) for a closer look.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+
+os.environ["MLA_JIT_TRACE"] = "1"  # before any kernel is built: part of the cache key
+
+import torch  # noqa: E402
+
+import mla_jit  # noqa: E402
+from bench_decode import make_inputs  # noqa: E402
+from mla_jit.jit.driver import check, cu  # noqa: E402
+from mla_jit.jit.loader import global_address  # noqa: E402
+from mla_jit.runtimes import registry  # noqa: E402
+
+EVENTS = 8  # kTraceEvents (common/trace.cuh)
+SPLITKV = ("entry", "tile0", "first_q", "wg0_done", "pv_done", "exit", "tiles", "smid")
+COMBINE = ("entry", "go", "done", "splits")
+
+
+def _tables() -> list[tuple[str, int, int]]:
+    """(symbol, address, bytes) of the trace tables of every decode binary this process loaded."""
+    found = []
+    for name in ("mla_decode_sm90", "mla_decode_sm80"):
+        family = registry.get(name)
+        for binary in list(family._binaries.values()):
+            for symbol in ("mla_jit_trace_splitkv", "mla_jit_trace_combine"):
+                try:
+                    found.append((symbol, *global_address(binary, symbol, 0)))
+                except Exception:  # noqa: BLE001 - a binary built without the tables
+                    pass
+    return found
+
+
+def _read(address: int, nbytes: int) -> list[list[int]]:
+    raw = (ctypes.c_uint64 * (nbytes // 8))()
+    check(cu().cuMemcpyDtoH(ctypes.addressof(raw), address, nbytes), "reading a trace table")
+    rows = [list(raw[i:i + EVENTS]) for i in range(0, len(raw), EVENTS)]
+    return [[cta, *r] for cta, r in enumerate(rows) if r[0]]  # [cta, events...] of CTAs that ran
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    q = statistics.quantiles(values, n=10) if len(values) > 1 else [values[0]] * 9
+    return f"min {min(values):8.2f}  p10 {q[0]:8.2f}  med {statistics.median(values):8.2f}  p90 {q[-1]:8.2f}  max {max(values):8.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("b", "s_q", "s_k", "h_q"):
+        parser.add_argument(name, type=int)
+    parser.add_argument("--schedule", help="MLA_JIT_SM90_DECODE_SCHEDULE")
+    parser.add_argument("--cluster", help="MLA_JIT_SM90_CLUSTER")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--rows-out")
+    args = parser.parse_args()
+    if args.schedule:
+        os.environ["MLA_JIT_SM90_DECODE_SCHEDULE"] = args.schedule
+    if args.cluster:
+        os.environ["MLA_JIT_SM90_CLUSTER"] = args.cluster
+    q, k_cache, block_table, lens = make_inputs(args.b, args.s_q, args.s_k, args.h_q)
+    metadata, num_splits = mla_jit.get_mla_metadata(lens, args.s_q * args.h_q, 1)
+    flush = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    call = lambda: mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, metadata, num_splits)  # noqa: E731
+    call()
+    torch.cuda.synchronize()
+    tables = _tables()
+    if not tables:
+        raise SystemExit("no trace tables found: is this an sm90 ws or combine kernel built with MLA_JIT_TRACE=1?")
+    for _ in range(args.runs):
+        for _, address, nbytes in tables:
+            check(cu().cuMemsetD8(address, 0, nbytes), "clearing a trace table")
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+    print(f"== {args.b}/{args.s_q}/{args.s_k}/{args.h_q} ({torch.cuda.get_device_name(0)}): "
+          f"call {start.elapsed_time(end) * 1e3:.1f} us (CUDA events, last run)")
+    rows = {symbol: _read(address, nbytes) for symbol, address, nbytes in tables}
+    sk, cb = rows.get("mla_jit_trace_splitkv", []), rows.get("mla_jit_trace_combine", [])
+    if not sk:
+        raise SystemExit("the split-KV kernel recorded nothing (not the ws schedule?)")
+    sk, cb = [r[1:] for r in sk], [r[1:] for r in cb]
+    ctas = {"splitkv": [r[0] for r in rows.get("mla_jit_trace_splitkv", [])],
+            "combine": [r[0] for r in rows.get("mla_jit_trace_combine", [])]}
+    t0 = min(r[0] for r in sk)
+    us = lambda t: (t - t0) / 1e3  # noqa: E731
+    print(f"split-KV kernel: {len(sk)} CTAs; times in us from the first CTA's entry")
+    for i, name in enumerate(SPLITKV[:6]):
+        print(f"  {name:9s} {_spread([us(r[i]) for r in sk if r[i]])}")
+    tiles = [r[6] for r in sk]
+    busy = [(r[4] - r[1]) / 1e3 / r[6] for r in sk if r[6] and r[1] and r[4]]
+    print(f"  tiles     {_spread([float(t) for t in tiles])}")
+    print(f"  us/tile   {_spread(busy)}  (first tile landed -> P V loop done, per tile)")
+    print(f"  kernel span {us(max(r[5] for r in sk)):.2f} us; SMs used {len({r[7] for r in sk})}")
+    if cb:
+        print(f"combine kernel: {len(cb)} CTAs")
+        for i, name in enumerate(COMBINE[:3]):
+            print(f"  {name:9s} {_spread([us(r[i]) for r in cb if r[i]])}")
+        print(f"  splits    {_spread([float(r[3]) for r in cb])}")
+    if args.rows_out:
+        with open(args.rows_out, "w") as f:
+            f.write("kernel,cta," + ",".join(SPLITKV) + "\n")
+            for kernel, table, names in (("splitkv", sk, SPLITKV), ("combine", cb, COMBINE)):
+                for cta, r in zip(ctas[kernel], table):
+                    f.write(f"{kernel},{cta}," + ",".join(str(v) for v in r[:len(names)]) + "\n")
+
+
+if __name__ == "__main__":
+    main()
