@@ -1,11 +1,15 @@
 """Per-CTA timeline of one decode call (kernels built with MLA_JIT_TRACE=1): where a call's time goes.
 
-Usage: python bench/trace_decode.py B S_Q S_K H_Q [--schedule S] [--cluster C] [--runs N] [--rows-out PATH]
-Inputs and L2 flush as bench_decode.py (FlashMLA's recipe, a 2 GB zero_ before each call). The ws
-split-KV kernel and the combine kernel record %globaltimer at a few events per CTA (decode/common.cuh:
-TraceSplitKV, TraceCombine); this prints, over the last of N runs, each event's spread across CTAs
-in us from the first CTA's entry, the per-tile rate, and the combine kernel's span. --rows-out
-writes every CTA's row (CSV) for a closer look.
+Usage: python bench/trace_decode.py B S_Q S_K H_Q [--causal] [--schedule S] [--cluster C] [--runs N]
+                                     [--rows-out PATH]
+Inputs and L2 flush as bench_decode.py (FlashMLA's recipe, a 2 GB zero_ before each call). The sm90
+ws split-KV kernel (ws and ws_unfused schedules) and the combine kernel record %globaltimer at a
+few events per CTA (decode/common.cuh: TraceSplitKV, TraceCombine); other kernels record nothing.
+This prints, for the last of N runs, each event's spread across CTAs in us from the first CTA's
+entry and the combine kernel's. --rows-out writes every CTA's row as CSV: kernel, cta (linear
+block index x + gridDim.x (y + gridDim.y z)), then columns c0..c7 = the kernel's events in enum
+order (split-KV: entry, tile0, first_q, wg0_done, pv_done, exit, tiles, smid; combine: entry,
+go, done, splits), raw %globaltimer ns or values, 0 = not recorded.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import torch  # noqa: E402
 
 import mla_jit  # noqa: E402
 from bench_decode import make_inputs  # noqa: E402
+from mla_jit.errors import LaunchError  # noqa: E402
 from mla_jit.jit.driver import check, cu  # noqa: E402
 from mla_jit.jit.loader import global_address  # noqa: E402
 from mla_jit.runtimes import registry  # noqa: E402
@@ -29,16 +34,17 @@ SPLITKV = ("entry", "tile0", "first_q", "wg0_done", "pv_done", "exit", "tiles", 
 COMBINE = ("entry", "go", "done", "splits")
 
 
-def _tables() -> list[tuple[str, int, int]]:
-    """(symbol, address, bytes) of the trace tables of every decode binary this process loaded."""
+def _tables(device: int) -> list[tuple[str, int, int]]:
+    """(symbol, address, bytes) of the trace tables of every decode binary this process loaded
+    (only the launched one's record anything: all are cleared before a run)."""
     found = []
     for name in ("mla_decode_sm90", "mla_decode_sm80"):
         family = registry.get(name)
         for binary in list(family._binaries.values()):
             for symbol in ("mla_jit_trace_splitkv", "mla_jit_trace_combine"):
                 try:
-                    found.append((symbol, *global_address(binary, symbol, 0)))
-                except Exception:  # noqa: BLE001 - a binary built without the tables
+                    found.append((symbol, *global_address(binary, symbol, device)))
+                except LaunchError:  # a binary built without the tables
                     pass
     return found
 
@@ -61,11 +67,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     for name in ("b", "s_q", "s_k", "h_q"):
         parser.add_argument(name, type=int)
+    parser.add_argument("--causal", action="store_true")
     parser.add_argument("--schedule", help="MLA_JIT_SM90_DECODE_SCHEDULE")
     parser.add_argument("--cluster", help="MLA_JIT_SM90_CLUSTER")
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=5, help="calls (the last one is read), at least 1")
     parser.add_argument("--rows-out")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     if args.schedule:
         os.environ["MLA_JIT_SM90_DECODE_SCHEDULE"] = args.schedule
     if args.cluster:
@@ -73,10 +82,11 @@ def main() -> None:
     q, k_cache, block_table, lens = make_inputs(args.b, args.s_q, args.s_k, args.h_q)
     metadata, num_splits = mla_jit.get_mla_metadata(lens, args.s_q * args.h_q, 1)
     flush = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    call = lambda: mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, metadata, num_splits)  # noqa: E731
+    call = lambda: mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, metadata, num_splits,  # noqa: E731
+                                                  causal=args.causal)
     call()
     torch.cuda.synchronize()
-    tables = _tables()
+    tables = _tables(torch.cuda.current_device())
     if not tables:
         raise SystemExit("no trace tables found: is this an sm90 ws or combine kernel built with MLA_JIT_TRACE=1?")
     for _ in range(args.runs):
@@ -90,7 +100,13 @@ def main() -> None:
         end.synchronize()
     print(f"== {args.b}/{args.s_q}/{args.s_k}/{args.h_q} ({torch.cuda.get_device_name(0)}): "
           f"call {start.elapsed_time(end) * 1e3:.1f} us (CUDA events, last run)")
-    rows = {symbol: _read(address, nbytes) for symbol, address, nbytes in tables}
+    rows: dict[str, list[list[int]]] = {}
+    for symbol, address, nbytes in tables:
+        recorded = _read(address, nbytes)
+        if recorded and symbol in rows:
+            raise SystemExit(f"two loaded binaries recorded {symbol}: run one configuration per process")
+        if recorded:
+            rows[symbol] = recorded
     sk, cb = rows.get("mla_jit_trace_splitkv", []), rows.get("mla_jit_trace_combine", [])
     if not sk:
         raise SystemExit("the split-KV kernel recorded nothing (not the ws schedule?)")
@@ -105,7 +121,7 @@ def main() -> None:
     tiles = [r[6] for r in sk]
     busy = [(r[4] - r[1]) / 1e3 / r[6] for r in sk if r[6] and r[1] and r[4]]
     print(f"  tiles     {_spread([float(t) for t in tiles])}")
-    print(f"  us/tile   {_spread(busy)}  (first tile landed -> P V loop done, per tile)")
+    print(f"  us/tile   {_spread(busy)}  ((pv_done - tile0) / tiles: fill and O stores included)")
     print(f"  kernel span {us(max(r[5] for r in sk)):.2f} us; SMs used {len({r[7] for r in sk})}")
     if cb:
         print(f"combine kernel: {len(cb)} CTAs")
@@ -114,10 +130,10 @@ def main() -> None:
         print(f"  splits    {_spread([float(r[3]) for r in cb])}")
     if args.rows_out:
         with open(args.rows_out, "w") as f:
-            f.write("kernel,cta," + ",".join(SPLITKV) + "\n")
-            for kernel, table, names in (("splitkv", sk, SPLITKV), ("combine", cb, COMBINE)):
+            f.write("kernel,cta," + ",".join(f"c{i}" for i in range(EVENTS)) + "\n")
+            for kernel, table in (("splitkv", sk), ("combine", cb)):
                 for cta, r in zip(ctas[kernel], table):
-                    f.write(f"{kernel},{cta}," + ",".join(str(v) for v in r[:len(names)]) + "\n")
+                    f.write(f"{kernel},{cta}," + ",".join(str(v) for v in r) + "\n")
 
 
 if __name__ == "__main__":

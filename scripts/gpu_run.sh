@@ -75,7 +75,8 @@ if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
   done
 fi
 for case in ${TRACE_CASES:-}; do  # e.g. TRACE_CASES="32,1,4096,16 128,1,4096,16": per-CTA timelines
-  PYTHONPATH=$PWD/bench:$PYTHONPATH python3 bench/trace_decode.py ${case//,/ } 2>&1 | tail -n 20
+  PYTHONPATH=$PWD/bench:$PYTHONPATH python3 bench/trace_decode.py ${case//,/ } ${TRACE_ARGS:-} \
+    --rows-out "$OUT/trace_${case//,/_}.csv" 2>&1 | tail -n 20
 done
 echo "pytest exit status: $status"
 exit $status

@@ -31,10 +31,17 @@ __device__ __forceinline__ void trace_put(unsigned long long* table, int event, 
   const int cta = trace_cta();
   if (cta < kTraceCtas) table[cta * kTraceEvents + event] = value;
 }
+__device__ __forceinline__ void trace_latest(unsigned long long* table, int event, unsigned long long value) {
+  const int cta = trace_cta();
+  if (cta < kTraceCtas) atomicMax(table + cta * kTraceEvents + event, value);
+}
 #define MLA_JIT_TRACE_TIME(table, event) ::mla_jit::trace_put(table, event, ::mla_jit::trace_now())
+// The latest of several threads' times (the table is zeroed before a run).
+#define MLA_JIT_TRACE_LATEST(table, event) ::mla_jit::trace_latest(table, event, ::mla_jit::trace_now())
 #define MLA_JIT_TRACE_VALUE(table, event, value) ::mla_jit::trace_put(table, event, (unsigned long long)(value))
 #else
 #define MLA_JIT_TRACE_TIME(table, event) ((void)0)
+#define MLA_JIT_TRACE_LATEST(table, event) ((void)0)
 #define MLA_JIT_TRACE_VALUE(table, event, value) ((void)0)
 #endif
 

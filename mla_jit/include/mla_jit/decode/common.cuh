@@ -16,10 +16,10 @@ namespace decode {
 // %globaltimer unless noted. Split-KV kernel (ws schedule):
 enum TraceSplitKV {
   kTraceEntry = 0,      // thread 0 at entry
-  kTraceTile0 = 1,      // the CTA's first KV tile has landed (seen by thread 256)
-  kTraceFirstQ = 2,     // WG0 has its first Q (seen by the producer, thread 128)
+  kTraceTile0 = 1,      // WG0 saw the CTA's first KV tile landed (it had its first Q before)
+  kTraceFirstQ = 2,     // WG0 has its first Q (loads landed, smem part published)
   kTraceWg0Done = 3,    // WG0 left its tile loop
-  kTracePvDone = 4,     // the P V warpgroups left theirs (thread 128)
+  kTracePvDone = 4,     // both P V warpgroups left theirs (the later of the two)
   kTraceExit = 5,       // thread 0 at exit (after the fused combine)
   kTraceTiles = 6,      // value: KV tiles of this CTA
   kTraceSmId = 7,       // value: %smid

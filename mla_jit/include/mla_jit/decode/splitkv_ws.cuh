@@ -628,6 +628,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       fence_proxy_async_shared();
       named_barrier_sync(kBarWG0, 128);
       if (first) named_barrier_arrive(detail::kBarFirstQ, detail::kFirstQThreads);  // the producer may start the KV TMAs
+      if (first && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceFirstQ);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         m_run[h] = -kInf;
@@ -642,6 +643,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       const int stage = n % NS;
       Element* kv = ss.kv[stage];
       mbarrier_wait(&ss.full[stage], (n / NS) & 1);
+      if (n == 0 && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceTile0);
       if (cur.tok + BN > cur.L) {
         // Tail tile: rows >= L were not loaded (other pages) or hold data past the sequence
         // end (possibly NaN). Zero them (all columns: WG1/WG2 read the V part) so that neither
@@ -869,20 +871,12 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     if (producer_warp) {
       named_barrier_sync(detail::kBarFirstQ, detail::kFirstQThreads);
       if (is_producer) {
-        MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceFirstQ);
         MLA_JIT_TRACE_VALUE(mla_jit_trace_splitkv, kTraceTiles, num_tiles);
         for (int s = 1; s < NS && ss.prod.valid(); ++s) issue_tile();
       }
       __syncwarp();  // reconverge warp 4 before any .aligned instruction
     }
 
-#ifdef MLA_JIT_TRACE
-    if (tid == 256 && num_tiles > 0) {  // the first tile's landing, off WG0 (trace builds only)
-      mbarrier_wait(&ss.full[0], 0);
-      MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceTile0);
-    }
-    __syncwarp();
-#endif
     typename Cfg::TiledMmaO mma_o;
     Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<BM>, Int<DV / 2>>{});
 #pragma unroll
@@ -962,7 +956,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
         phase ^= 1u;
       }
     }
-    if (is_producer) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTracePvDone);
+    if (tid_wg == 0) MLA_JIT_TRACE_LATEST(mla_jit_trace_splitkv, kTracePvDone);  // WG1's or WG2's, later
   }
   if constexpr (Cfg::kFusedCombine) {
     // Step 2 of the fused combine: all 12 warps merge the batches this CTA completed. The KV
