@@ -127,23 +127,23 @@ def effective() -> dict[str, str]:
 SM90_DECODE_SCHEDULES = ("auto", "ws", "ws_unfused", "baseline", "seesaw")
 
 
-def sm90_decode_schedule() -> str:
-    name = _raw("MLA_JIT_SM90_DECODE_SCHEDULE").strip().lower()
-    if name not in SM90_DECODE_SCHEDULES:
+def _choice(var: str, choices: tuple[str, ...]) -> str:
+    name = _raw(var).strip().lower()
+    if name not in choices:
         from ..errors import MlaJitError
-        raise MlaJitError(f"MLA_JIT_SM90_DECODE_SCHEDULE: expected one of {SM90_DECODE_SCHEDULES}, got {name!r}")
+        raise MlaJitError(f"{var}: expected one of {choices}, got {name!r}")
     return name
+
+
+def sm90_decode_schedule() -> str:
+    return _choice("MLA_JIT_SM90_DECODE_SCHEDULE", SM90_DECODE_SCHEDULES)
 
 
 SM90_CLUSTER_CHOICES = ("auto", "1", "2")
 
 
 def sm90_cluster() -> str:
-    name = _raw("MLA_JIT_SM90_CLUSTER").strip().lower()
-    if name not in SM90_CLUSTER_CHOICES:
-        from ..errors import MlaJitError
-        raise MlaJitError(f"MLA_JIT_SM90_CLUSTER: expected one of {SM90_CLUSTER_CHOICES}, got {name!r}")
-    return name
+    return _choice("MLA_JIT_SM90_CLUSTER", SM90_CLUSTER_CHOICES)
 
 
 _PLAN_VARS = ("MLA_JIT_ARCH", "MLA_JIT_SM90_DECODE_SCHEDULE", "MLA_JIT_SM90_CLUSTER")

@@ -54,6 +54,30 @@ class _BlobSlot:
         self.last = None  # the immutable source copied last (TMA descriptors), to skip re-copying
 
 
+def _launch_config(grid: tuple[int, int, int], block: tuple[int, int, int], dynamic_smem: int,
+                   cluster: tuple[int, int, int] | None, pdl: bool) -> tuple[Any, list]:
+    """A CUlaunchConfig and the attributes it points into (keep both alive together)."""
+    driver = cu()
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes = dynamic_smem
+    attrs = []
+    if cluster is not None:
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+        attrs.append(attr)
+    if pdl:
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(attr)
+    config.attrs = attrs
+    config.numAttrs = len(attrs)
+    return config, attrs
+
+
 class PreparedLaunch:
     def __init__(self, kernel: LoadedKernel, params: Sequence[Any], grid: tuple[int, int, int],
                  block: tuple[int, int, int], dynamic_smem: int = 0,
@@ -61,23 +85,7 @@ class PreparedLaunch:
         driver = cu()
         self.kernel = kernel
         self.cluster = cluster if cluster != (1, 1, 1) else None
-        config = driver.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = grid
-        config.blockDimX, config.blockDimY, config.blockDimZ = block
-        config.sharedMemBytes = dynamic_smem
-        attrs = []
-        if cluster is not None and cluster != (1, 1, 1):
-            attr = driver.CUlaunchAttribute()
-            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
-            attrs.append(attr)
-        if pdl:
-            attr = driver.CUlaunchAttribute()
-            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attr.value.programmaticStreamSerializationAllowed = 1
-            attrs.append(attr)
-        config.attrs = attrs
-        config.numAttrs = len(attrs)
+        config, attrs = _launch_config(grid, block, dynamic_smem, self.cluster, pdl)
         self._attrs = attrs  # keep alive: config holds raw pointers into them
         self._config = config
         self._function = kernel.function
@@ -144,15 +152,6 @@ def max_active_clusters(kernel: LoadedKernel, grid: tuple[int, int, int], block:
                         dynamic_smem: int, cluster: tuple[int, int, int]) -> int:
     """How many clusters of `cluster` CTAs of this kernel the GPU keeps resident at once
     (cuOccupancyMaxActiveClusters): an SM's neighbours in its GPC bound it, not the SM count alone."""
-    driver = cu()
-    config = driver.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = grid
-    config.blockDimX, config.blockDimY, config.blockDimZ = block
-    config.sharedMemBytes = dynamic_smem
-    attr = driver.CUlaunchAttribute()
-    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
-    config.attrs = [attr]
-    config.numAttrs = 1
-    return int(check(driver.cuOccupancyMaxActiveClusters(kernel.function, config),
+    config, _attrs = _launch_config(grid, block, dynamic_smem, cluster, pdl=False)
+    return int(check(cu().cuOccupancyMaxActiveClusters(kernel.function, config),
                      f"cuOccupancyMaxActiveClusters({kernel.name})"))

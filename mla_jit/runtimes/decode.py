@@ -64,20 +64,20 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
     def entry_points(self, cfg: DecodeConfig) -> tuple[str, ...]:
         return (self.SPLITKV,) if cfg.fused_combine else (self.SPLITKV, self.COMBINE)
 
-    # schedule -> (header, config struct, arguments after the stage count, device body)
+    # schedule -> (header, config struct, arguments after the stage count ({cluster_m}: the
+    # config's), device body)
     SCHEDULES = {
         "baseline": ("mla_jit/decode/splitkv.cuh", "SplitKVConfig", "", "mla_splitkv_body"),
-        "ws": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", true", "mla_splitkv_ws_body"),
-        "ws_unfused": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", false", "mla_splitkv_ws_body"),
+        "ws": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", true, {cluster_m}", "mla_splitkv_ws_body"),
+        "ws_unfused": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", false, {cluster_m}",
+                       "mla_splitkv_ws_body"),
         "seesaw": ("mla_jit/decode/splitkv_seesaw.cuh", "SplitKVSeesawConfig", "", "mla_splitkv_seesaw_body"),
     }
 
     def render_context(self, cfg: DecodeConfig, arch: ArchPair) -> dict[str, Any]:
         header, config, extra_args, body = self.SCHEDULES[cfg.schedule]
-        if cfg.schedule in CLUSTER_SCHEDULES:
-            extra_args += f", {cfg.cluster_m}"
         return {"splitkv_entry": self.SPLITKV, "combine_entry": "" if cfg.fused_combine else self.COMBINE,
-                "extra_config_args": extra_args, "dtype": cpp_type(cfg.dtype),
+                "extra_config_args": extra_args.format(cluster_m=cfg.cluster_m), "dtype": cpp_type(cfg.dtype),
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "page_size": cfg.page_size,
                 "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
                 "schedule": cfg.schedule, "splitkv_header": header, "splitkv_config": config,

@@ -2,9 +2,9 @@
 // one S/softmax warpgroup, two P V warpgroups).
 //
 // Grid (num_sm_parts, h_kv, ceil(rows / BLOCK_M)), cluster (1, 1, CLUSTER_M), block 384 threads,
-// 1 CTA / SM, dynamic smem SplitKVWsConfig<...>::kSmemBytes. Same contract as splitkv.cuh (metadata walk, TMA descriptor
-// with box {64, 1, min(page, 64)} and 128B swizzle, out / lse for single-split batches, o_accum /
-// lse_accum otherwise).
+// 1 CTA / SM, dynamic smem SplitKVWsConfig<...>::kSmemBytes. Same contract as splitkv.cuh
+// (metadata walk, TMA descriptor with box {64, 1, min(page, 64)} and 128B swizzle, out / lse for
+// single-split batches, o_accum / lse_accum otherwise).
 // FUSED_COMBINE (the default): no combine kernel. The CTA whose split completes a (batch, KV
 // head, row tile)'s arrival counter (DecodeParams::combine_counters, zero between launches)
 // merges that batch's splits after its main loop (ws_combine_batch: the freed KV stages hold
@@ -21,9 +21,9 @@
 //        the 64 rope columns stay in smem and go through SS wgmmas into the same accumulator.
 //        (piece start: Q) -> wait full[s] -> (tail: zero K rows >= L) -> issue S(n) = Q K^T
 //        -> fence P(n-1)'s stores for the async proxy while S runs -> wait for S(n)'s first
-//        commit group -> arrive p_full of tile n-1 -> wait for the rest of S(n) -> mask + online softmax (lazy rescaling) -> P (bf16/fp16) and the per-row
-//        O rescale -> smem slots of stage s (stmatrix) -> (piece end: lse, arrive p_full[s] at
-//        once). The thread geometry and the walk's bookkeeping sit after S's wait, off the path
+//        commit group -> arrive p_full of tile n-1 -> wait for the rest of S(n) -> mask + online
+//        softmax (lazy rescaling) -> P (bf16/fp16) and the per-row O rescale -> smem slots of
+//        stage s (stmatrix) -> (piece end: lse, arrive p_full[s] at once). The thread geometry and the walk's bookkeeping sit after S's wait, off the path
 //        from the P store to the next S issue.
 //        At the last tile of a piece P and the rescale are multiplied by 1/l, so O comes out
 //        normalized. P(n) is published only once most of S(n+1) is done (kSFirstGroupK), so S
@@ -37,9 +37,9 @@
 //        tile n-1 with tile n-1+NUM_STAGES once pv_done of tile n-1 completed.
 // K and V are the same smem tile (V = first HEAD_DIM_V columns), so every KV byte crosses HBM once
 // per CTA; with CLUSTER_M > 1 the row tiles of a cluster share each tile's loads (multicast), so
-// it crosses L2 -> SM once per cluster. P(n) is written into the rope columns [DV, DV + 64) of stage s's K tile once every warp
-// of WG0 finished S(n) (those columns are not part of V), so P lives and dies with its stage and
-// three 72 KB stages fit at d = 576. At d = dv there are no rope columns: one P buffer per stage.
+// it crosses L2 -> SM once per cluster. P(n) is written into the rope columns [DV, DV + 64) of
+// stage s's K tile once every warp of WG0 finished S(n) (those columns are not part of V), so P
+// lives and dies with its stage and three 72 KB stages fit at d = 576. At d = dv there are no rope columns: one P buffer per stage.
 //
 // Synchronization (every per-stage barrier completes once per use of its stage: parity k & 1):
 //   full[s]    count 1 + tx: producer arrive_expect_tx + TMA. Waited by WG0 before S / tail
