@@ -2,7 +2,7 @@
 
 Usage: python bench/trace_decode.py B S_Q S_K H_Q [--causal] [--schedule S] [--cluster C] [--runs N]
                                      [--rows-out PATH]
-Inputs and L2 flush as bench_decode.py (FlashMLA's recipe, a 2 GB zero_ before each call). The sm90
+Inputs and L2 flush as bench_decode.py (FlashMLA's recipe, an 8 GB zero_ before each call). The sm90
 ws split-KV kernel (ws and ws_unfused schedules) and the combine kernel record %globaltimer at a
 few events per CTA (decode/common.cuh: TraceSplitKV, TraceCombine); other kernels record nothing.
 This prints, for the last of N runs, each event's spread across CTAs in us from the first CTA's
@@ -81,7 +81,7 @@ def main() -> None:
         os.environ["MLA_JIT_SM90_CLUSTER"] = args.cluster
     q, k_cache, block_table, lens = make_inputs(args.b, args.s_q, args.s_k, args.h_q)
     metadata, num_splits = mla_jit.get_mla_metadata(lens, args.s_q * args.h_q, 1)
-    flush = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    flush = torch.empty(8 << 30, dtype=torch.uint8, device="cuda")  # 8 GB, as bench_decode.py
     call = lambda: mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, metadata, num_splits,  # noqa: E731
                                                   causal=args.causal)
     call()

@@ -92,6 +92,7 @@ def test_configs_are_frozen_and_cached():
     (tma.TmaSpec(torch.bfloat16, (64, 64), (64,), (64, 8), swizzle=16), "swizzle"),
     (tma.TmaSpec(torch.bfloat16, (64, 64), (64, 64), (64, 8)), "shape"),
     (tma.TmaSpec(torch.complex64, (64, 64), (64,), (64, 8)), "dtype"),
+    (tma.TmaSpec(torch.bfloat16, (64, 64), (64,), (64, 8), l2_promotion=32), "L2 promotion"),
 ])
 def test_tma_validation(spec, match):
     with pytest.raises(mla_jit.InvalidArgumentError, match=match):

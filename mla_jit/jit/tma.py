@@ -32,6 +32,8 @@ _DTYPES = {
 
 SWIZZLE_BYTES = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
                  64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}
+L2_PROMOTION_BYTES = {0: "CU_TENSOR_MAP_L2_PROMOTION_NONE", 64: "CU_TENSOR_MAP_L2_PROMOTION_L2_64B",
+                      128: "CU_TENSOR_MAP_L2_PROMOTION_L2_128B", 256: "CU_TENSOR_MAP_L2_PROMOTION_L2_256B"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ class TmaSpec:
     box: tuple[int, ...]           # innermost first
     swizzle: int = 0               # bytes: 0, 32, 64 or 128
     oob_fill_nan: bool = False
+    # Bytes the L2 fetches per miss (0: a sector). Above a box row's extent, L2 also fetches bytes
+    # the box did not ask for: for the decode KV cache (128-byte box rows, loaded evict_first) 256
+    # cost 1-7% on the memory-bound rows against 128 (H200), likely lines evicted before the box
+    # that needs them arrives, then fetched again.
+    l2_promotion: int = 128
 
 
 class TmaDescriptor(Immutable):
@@ -88,6 +95,8 @@ def validate(spec: TmaSpec, global_address: int) -> int:
         _fail("box", "an innermost box extent that is a multiple of 16 bytes", spec.box)
     if spec.swizzle not in SWIZZLE_BYTES:
         _fail("swizzle", "0, 32, 64 or 128 bytes", spec.swizzle)
+    if spec.l2_promotion not in L2_PROMOTION_BYTES:
+        _fail("L2 promotion", "0, 64, 128 or 256 bytes", spec.l2_promotion)
     if spec.swizzle and inner_bytes > spec.swizzle:
         _fail("box", f"an innermost box extent of at most {spec.swizzle} bytes with {spec.swizzle}B swizzle",
               spec.box)
@@ -107,17 +116,17 @@ def encode(spec: TmaSpec, global_address: int) -> TmaDescriptor:
         [driver.cuuint32_t(1)] * rank,
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         getattr(driver.CUtensorMapSwizzle, SWIZZLE_BYTES[spec.swizzle]),
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        getattr(driver.CUtensorMapL2promotion, L2_PROMOTION_BYTES[spec.l2_promotion]),
         (driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA if spec.oob_fill_nan
          else driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
     ), "cuTensorMapEncodeTiled")
     return TmaDescriptor(tensor_map, spec, global_address)
 
 
-def tiled(tensor: torch.Tensor, box: Sequence[int], swizzle: int = 0) -> TmaDescriptor:
+def tiled(tensor: torch.Tensor, box: Sequence[int], swizzle: int = 0, l2_promotion: int = 128) -> TmaDescriptor:
     """Descriptor over an N-D tensor (outermost first, like torch), box given outermost first."""
     if tensor.stride(-1) != 1:
         raise InvalidArgumentError("tensor", "a contiguous last dim", f"strides {tensor.stride()}")
     spec = TmaSpec(tensor.dtype, tuple(reversed(tensor.shape)), tuple(reversed(tensor.stride()[:-1])),
-                   tuple(reversed(tuple(box))), swizzle)
+                   tuple(reversed(tuple(box))), swizzle, l2_promotion=l2_promotion)
     return encode(spec, tensor.data_ptr())

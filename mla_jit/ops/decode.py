@@ -222,7 +222,9 @@ def _kv_descriptor(k_cache: torch.Tensor, key: tuple, box: tuple[int, int, int])
         if len(descriptors) > 1024:  # callers with ever-new caches: keep the memo bounded
             descriptors.clear()
         num_blocks, page_size, h_kv, d = k_cache.shape
-        desc = descriptors[key] = tma.tiled(k_cache.view(num_blocks * page_size, h_kv, d), box, swizzle=128)
+        # L2 promotion = a box row (128 B): see TmaSpec.l2_promotion.
+        desc = descriptors[key] = tma.tiled(k_cache.view(num_blocks * page_size, h_kv, d), box, swizzle=128,
+                                            l2_promotion=128)
     return desc
 
 
