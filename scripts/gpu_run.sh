@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on a Hopper GPU machine: install what is missing, run the GPU tests, run the benchmarks,
-# print a short table last. Usage: scripts/gpu_run.sh [pytest-args...]
+# print a short table last (scripts/summarize_gpu_run.py). Usage: scripts/gpu_run.sh [pytest-args...]
 # Expects the nvidia-cutlass wheel in .whl/ when the machine has no nvidia-cutlass (carry it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -79,4 +79,5 @@ for case in ${TRACE_CASES:-}; do  # e.g. TRACE_CASES="32,1,4096,16 128,1,4096,16
     --rows-out "$OUT/trace_${case//,/_}.csv" 2>&1 | tail -n 20
 done
 echo "pytest exit status: $status"
+python3 scripts/summarize_gpu_run.py "$OUT"
 exit $status

@@ -1,0 +1,32 @@
+"""The short table scripts/gpu_run.sh prints last: test outcome, decode ratios, host times.
+
+Usage: python scripts/summarize_gpu_run.py OUT_DIR (reads pytest.log and bench_decode*.json there).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(out: Path) -> None:
+    print("\n== summary ==")
+    log = out / "pytest.log"
+    lines = [ln for ln in log.read_text().splitlines() if ln.strip()] if log.exists() else []
+    print(f"GPU tests: {lines[-1].strip('= ') if lines else 'not run'}")
+    for path in sorted(out.glob("bench_decode*.json")):
+        report = json.loads(path.read_text())
+        rows = report["rows"]
+        cells = [f"{r['b']}/{r['s_q']}/{r['s_k']}/{r['h_q']}{'c' if r['causal'] else ''} {r['ratio']:.2f}" for r in rows]
+        worst = min(rows, key=lambda r: r["ratio"])
+        kernels = path.stem.removeprefix("bench_decode").lstrip("_") or "native"
+        print(f"decode vs FlashMLA ({report['gpu']}, {kernels}), FlashMLA us / ours; b/s_q/s_k/h_q[c]:")
+        for i in range(0, len(cells), 4):
+            print("  " + "  ".join(f"{c:24s}" for c in cells[i:i + 4]))
+        print(f"  lowest {worst['ratio']:.3f} at {worst['b']}/{worst['s_q']}/{worst['s_k']}/{worst['h_q']}; "
+              f"host per warm call: decode {report['host']['decode_call_us']:.1f} us, "
+              f"metadata {report['host']['metadata_call_us']:.1f} us")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/mla_jit_out"))
