@@ -358,3 +358,21 @@ def test_batch_limit_of_32_bit_output_offsets():
     _check_output_offsets((200_000, 1, 16, 576), 132, 512)       # fewer heads: larger batches
     with pytest.raises(mla_jit.InvalidArgumentError, match="q"):
         _check_output_offsets((8192, 4, 128, 576), 132, 512)
+
+
+def test_kv_descriptor_promotes_l2_fills_to_one_box_row(monkeypatch):
+    """The KV cache's descriptor asks L2 for 128-byte fills (a box row), not 256: with 256 and
+    evict_first KV loads the memory-bound rows ran 1-4.5% slower on the H200 (bench/NOTES.md)."""
+    import torch
+
+    from mla_jit.jit import tma
+    from mla_jit.ops import decode as op
+    seen = []
+    monkeypatch.setattr(tma, "tiled", lambda tensor, box, swizzle=0, l2_promotion=None: seen.append(
+        (tuple(tensor.shape), tuple(box), swizzle, l2_promotion)) or object())
+    registry.get("mla_decode_sm90").descriptors.clear()
+    k_cache = torch.zeros(3, 64, 1, 576, dtype=torch.bfloat16)
+    op._kv_descriptor(k_cache, ("test", k_cache.data_ptr()), (64, 1, 64))
+    registry.get("mla_decode_sm90").descriptors.clear()
+    assert seen == [((3 * 64, 1, 576), (64, 1, 64), 128, 128)]
+    assert tma.TmaSpec(torch.bfloat16, (64, 64), (64,), (64, 8)).l2_promotion == 128
