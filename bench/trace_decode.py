@@ -4,7 +4,8 @@ Usage: python bench/trace_decode.py B S_Q S_K H_Q [--causal] [--schedule S] [--c
                                      [--rows-out PATH]
 Inputs and L2 flush as bench_decode.py (FlashMLA's recipe, an 8 GB zero_ before each call). The sm90
 ws split-KV kernel (ws and ws_unfused schedules) and the combine kernel record %globaltimer at a
-few events per CTA (decode/common.cuh: TraceSplitKV, TraceCombine); other kernels record nothing.
+few events per CTA (decode/common.cuh: TraceSplitKV, TraceCombine); the sm80 family records phase
+rows instead (bench/trace_sm80_phases.py reads those), other kernels nothing.
 This prints, for the last of N runs, each event's spread across CTAs in us from the first CTA's
 entry and the combine kernel's. --rows-out writes every CTA's row as CSV: kernel, cta (linear
 block index x + gridDim.x (y + gridDim.y z)), then columns c0..c7 = the kernel's events in enum

@@ -1,8 +1,10 @@
 // Per-CTA timestamps for timeline studies (bench/trace_decode.py), compiled in only with
 // MLA_JIT_TRACE=1 (-DMLA_JIT_TRACE, part of the cache key). A kernel records %globaltimer (ns)
 // or a value at a few named events into one row per CTA of a global table that the host reads
-// back with cuLibraryGetGlobal; rows past kTraceCtas are dropped. Without the flag every call
-// compiles to nothing.
+// back with cuLibraryGetGlobal; rows past kTraceCtas are dropped. The sm80 family's Q-in-smem
+// kernel instead fills the split-KV table with %clock64 rows per (CTA, warp, tile) for a phase
+// study (decode/splitkv_sm80.cuh: PhaseTrace; bench/trace_sm80_phases.py). Without the flag every
+// call compiles to nothing.
 #pragma once
 
 namespace mla_jit {

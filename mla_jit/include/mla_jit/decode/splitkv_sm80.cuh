@@ -268,10 +268,70 @@ __device__ __forceinline__ unsigned swz(int row, int c) {
   }
 }
 
-// KV tile producer, run by every thread: its own WorkCursor walks the CTA's tiles ahead of the
+// The CTA's walk over its pieces (detail::WorkCursor's protocol) in 4 registers: the metadata row's
+// bounds are re-read (L1 hits) when a piece ends instead of being kept live; bi < 0 = done.
+struct LeanCursor {
+  int bi = -1, tok = 0, stop = 0, L = 0;
+
+  __device__ __forceinline__ bool valid() const { return bi >= 0; }
+  __device__ __forceinline__ bool first_piece(const int* meta) const { return bi == __ldg(meta + kMetaBeginBatch); }
+  __device__ __forceinline__ void seek(const int* meta, const int* seqlens, int b) {
+    const int begin_b = __ldg(meta + kMetaBeginBatch), end_b = __ldg(meta + kMetaEndBatch);
+    for (; b <= end_b; ++b) {
+      L = max(seqlens[b], 0);
+      const int start = b == begin_b ? __ldg(meta + kMetaBeginToken) : 0;
+      stop = b == end_b ? min(__ldg(meta + kMetaEndToken), L) : L;
+      if (start < stop) {
+        bi = b;
+        tok = start;
+        return;
+      }
+    }
+    bi = -1;
+  }
+  __device__ __forceinline__ void init(const int* meta, const int* seqlens) {
+    seek(meta, seqlens, __ldg(meta + kMetaBeginBatch));
+  }
+  // Returns true when the tile just left was the last one of its piece.
+  template <int BLOCK_N>
+  __device__ __forceinline__ bool advance(const int* meta, const int* seqlens) {
+    tok += BLOCK_N;
+    if (tok < stop) return false;
+    seek(meta, seqlens, bi + 1);
+    return true;
+  }
+};
+
+// Phase study of the Q-in-smem kernel (MLA_JIT_TRACE builds only; bench/trace_sm80_phases.py):
+// lane 0 of every warp records %clock64 at 7 points of tiles [kFirstTile, +kTiles) of CTAs below
+// kCtas, one row of the split-KV trace table per (CTA, warp, tile): before the wait for tile n, after
+// barrier A, after the S MMAs are issued, S exchanged, after barrier B, after barrier C, after the
+// P V MMAs are issued. Without the flag every call compiles to nothing.
+template <int kWarps>
+struct PhaseTrace {
+#ifdef MLA_JIT_TRACE
+  static constexpr int kFirstTile = 64, kTiles = 4, kCtas = kTraceCtas / (kWarps * kTiles);
+  int tile = 0, row = -1;
+  __device__ __forceinline__ PhaseTrace(int warp, int lane) {
+    const int cta = int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+    if (lane == 0 && cta < kCtas) row = (cta * kWarps + warp) * kTiles;
+  }
+  __device__ __forceinline__ void mark(int event) const {
+    if (row >= 0 && tile >= kFirstTile && tile < kFirstTile + kTiles)
+      mla_jit_trace_splitkv[(row + tile - kFirstTile) * kTraceEvents + event] = clock64();
+  }
+  __device__ __forceinline__ void next_tile() { ++tile; }
+#else
+  __device__ __forceinline__ PhaseTrace(int, int) {}
+  __device__ __forceinline__ void mark(int) const {}
+  __device__ __forceinline__ void next_tile() {}
+#endif
+};
+
+// KV tile producer, run by every thread: its own LeanCursor walks the CTA's tiles ahead of the
 // consumer; thread t copies chunks (t % TPT) + TPT * i of token t / TPT of each tile. The cache
-// row of that token is looked up one tile ahead (kv_row, -1 = zero-fill) so the block-table
-// latency is off the issue path.
+// page of that token is looked up one tile ahead (kv_page) and first used a tile later, so the
+// block-table latency is off the issue path.
 template <typename Cfg>
 struct KVProducer {
   using Element = typename Cfg::Element;
@@ -282,11 +342,16 @@ struct KVProducer {
   static constexpr int kLow = TPT >= 8 ? 1 : 8 / TPT;
   static constexpr unsigned kHiStep = TPT >= 8 ? unsigned(TPT / 8) * 128u : 128u;
 
-  detail::WorkCursor cur;
-  int tok_in_tile, q, kv_row = -1, stage = 0;
+  LeanCursor cur;
+  const int* meta;
+  // The next tile's cache page of this thread's token (-1: past the piece, zero-fill) and the
+  // token's offset in it. The page's first use is the next issue(), a tile after its load.
+  int kv_page = -1, kv_in = 0;
+  int tok_in_tile, q, stage = 0;
   unsigned dst_off[kLow];
 
-  __device__ __forceinline__ void init(const int* meta, const int* seqlens, const DecodeParams& p, int tid) {
+  __device__ __forceinline__ void init(const int* meta_, const int* seqlens, const DecodeParams& p, int tid) {
+    meta = meta_;
     tok_in_tile = tid / TPT;
     q = tid % TPT;
     const int r7 = tok_in_tile & 7;
@@ -300,9 +365,8 @@ struct KVProducer {
   }
   __device__ __forceinline__ void fetch_row(const DecodeParams& p) {
     const int t = cur.tok + tok_in_tile;
-    kv_row = t < cur.stop
-                 ? __ldg(p.block_table + (long long)cur.bi * p.block_table_stride + t / PAGE) * PAGE + t % PAGE
-                 : -1;
+    kv_in = t % PAGE;
+    kv_page = t < cur.stop ? __ldg(p.block_table + (long long)cur.bi * p.block_table_stride + t / PAGE) : -1;
   }
   // Issues the next tile (if any) into the next stage and commits one group (always: the group
   // count stays = the tile count).
@@ -310,14 +374,16 @@ struct KVProducer {
                                         const int* seqlens) {
     if (cur.valid()) {
       const unsigned dst = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
-      const int kr = kv_row;
+      const int kr = kv_page >= 0 ? kv_page * PAGE + kv_in : -1;  // cache row, -1 = zero-fill
       const Element* src = k_cache + (kr >= 0 ? ((long long)kr * p.h_kv + g) * D : 0LL) + q * 8;
       const int bytes = kr >= 0 ? 16 : 0;
+      // The following tile's lookup before the copies: its load is in flight while they issue
+      // (placed after them, ptxas reused a copy's address register and waited for the copies).
+      cur.template advance<Cfg::BLOCK_N>(meta, seqlens);
+      if (cur.valid()) fetch_row(p);
 #pragma unroll
       for (int i = 0; i < CPT; ++i)
         cp_async_16(dst + dst_off[i % kLow] + unsigned(i / kLow) * kHiStep, src + i * TPT * 8, bytes);
-      cur.template advance<Cfg::BLOCK_N>(seqlens);
-      if (cur.valid()) fetch_row(p);
     }
     cp_async_commit();
     stage = stage + 1 == NS ? 0 : stage + 1;
@@ -377,7 +443,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
 #pragma unroll
   for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens);
 
-  detail::WorkCursor cur;
+  sm80::LeanCursor cur;
   cur.init(meta, seqlens);
 
   // Q A fragments of k16 steps 4 j + warp (rows g4, g4 + 8; columns 2 tq + {0, 1} (+ 8)).
@@ -551,7 +617,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
       }
       // meta re-read here (not kept live: registers are tight at 3 CTAs / SM)
       const PieceDest dest = piece_dest(
-          p, cur.bi, cur.bi == cur.begin_b ? p.tile_scheduler_metadata[part * kMetaSize + kMetaBeginSplit] : 0);
+          p, cur.bi, cur.first_piece(meta) ? __ldg(meta + kMetaBeginSplit) : 0);
       const int col_base = warp * WARP_DV + tq * 2;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -573,7 +639,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
       piece_start = true;
     }
     stage = stage + 1 == NS ? 0 : stage + 1;
-    cur.template advance<BN>(seqlens);
+    cur.template advance<BN>(meta, seqlens);
   }
   sm80::cp_async_wait<0>();
 }
@@ -590,8 +656,8 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
   constexpr int WN = Cfg::WN, WARP_N = Cfg::WARP_N, WARP_DV = Cfg::WARP_DV;
   constexpr int RC = Cfg::kRowChunks, PRC = Cfg::kPRowChunks;
   constexpr int S_NT = Cfg::S_NT;     // n8 tiles of S per warp
+  constexpr int O_MT = Cfg::WM;       // m16 tiles of O per warp (all BLOCK_M rows)
   constexpr int O_NT = WARP_DV / 8;   // n8 tiles of O per warp
-  constexpr int MT = Cfg::WM;         // m16 tiles of O (all rows)
 
   extern __shared__ __align__(128) unsigned char smem[];
   const unsigned s_base = sm80::smem_u32(smem);
@@ -617,9 +683,10 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
   const int wm = KD == 2 ? 2 * rg + kd : 2 * rg + (kd & 1);
   const int part = blockIdx.x, g = blockIdx.y, m_block = blockIdx.z;
 
+  const int o_col0 = warp * WARP_DV;  // first O column of this warp
+
   const int* meta = p.tile_scheduler_metadata + part * kMetaSize;
   const int* seqlens = p.cache_seqlens;
-  const int begin_split_local = meta[kMetaBeginSplit];
 
   sm80::KVProducer<Cfg> prod;
   prod.init(meta, seqlens, p, tid);
@@ -635,13 +702,13 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
   };
 
   // ------------------------------------------------------------------ consumer state
-  detail::WorkCursor cur;
+  sm80::LeanCursor cur;
   cur.init(meta, seqlens);
 
-  float o[MT][O_NT][4];
+  float o[O_MT][O_NT][4];
   auto clear_o = [&]() {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < O_MT; ++mt)
 #pragma unroll
       for (int nt = 0; nt < O_NT; ++nt)
 #pragma unroll
@@ -675,10 +742,10 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
       KD == 2 ? unsigned(wn * WARP_N + r7) * RC * 16 + unsigned(((4 * kd + lane / 8) ^ r7) * 16)
               : unsigned((8 * (lane / 16) + r7) * RC) * 16u + unsigned(((2 * kd + (lane / 8) % 2) ^ r7) * 16);
   // V B fragment (x4.trans: tokens 0-15 of a k16 step x 2 n8 tiles).
-  const unsigned v_base = unsigned((lane % 8) + 8 * ((lane / 8) % 2)) * RC * 16 + unsigned(warp * WARP_DV / 8) * 16;
-  unsigned v_off[4];  // chunk low bits a_chk + 2u
-#pragma unroll
-  for (int u = 0; u < 4; ++u) v_off[u] = v_base + unsigned(((a_chk + 2 * u) ^ r7) * 16);
+  const unsigned v_base = unsigned((lane % 8) + 8 * ((lane / 8) % 2)) * RC * 16 + unsigned(o_col0 / 8) * 16;
+  // Chunk low bits a_chk + 2u = a_chk ^ 2u, and v_base is a multiple of 128 bytes: the swizzled
+  // offset of column pair u is v_lane ^ 32u (one register, not four).
+  const unsigned v_lane = v_base + unsigned((a_chk ^ r7) * 16);
   // xS: float4 [warp][slot][n8 tile][lane]. Pairs: one slot, the row tile a warp gives away (read by
   // warp ^ 1). One-round quads: slots 0..2 = the blocks b != kd in increasing b (block b is owned by
   // warp kd = b). Two-round quads: slots 0..1 = the row tiles of round 1, slot 0 again in round 2.
@@ -686,31 +753,116 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
   const unsigned x_st = sX + unsigned(warp * XS * S_NT * 32 + lane) * 16u;
   const unsigned x_ld = sX + unsigned(lane) * 16u;
 
-  bool piece_start = true;
-  int stage = 0;
-  while (cur.valid()) {
-    if (piece_start) {
-      // (Re)load Q of batch cur.bi. Safe: every warp finished reading the previous Q (S of the
-      // previous tile) before barrier B of that tile. Visible to all after barrier A below.
-      const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)cur.bi * p.q_stride_b;
-#pragma unroll 6
-      for (int it = 0; it < (Cfg::kQChunks + NT - 1) / NT; ++it) {
-        const int idx = it * NT + tid;
-        if (Cfg::kQChunks % NT == 0 || idx < Cfg::kQChunks) {
-          const int lr = idx / RC, c = idx % RC;
-          const int r = m_block * BM + lr;
-          uint4 v = make_uint4(0u, 0u, 0u, 0u);  // padded rows are zero
-          if (r < p.rows) {
-            const auto [s, head] = query_row(p, g, r);
-            v = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + c * 8));
+  // O = O * row_scale + P V for the tile in stage sKt: this warp's O_MT x O_NT fragments.
+  auto pv_tile = [&](unsigned sKt) {
+    {
+      float scl[O_MT][2];
+      bool rescale = false;
+#pragma unroll
+      for (int mt = 0; mt < O_MT; ++mt) {
+        scl[mt][0] = row_scale[mt * 16 + lane / 4];
+        scl[mt][1] = row_scale[mt * 16 + lane / 4 + 8];
+        rescale |= scl[mt][0] != 1.f || scl[mt][1] != 1.f;
+      }
+      if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int mt = 0; mt < O_MT; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < O_NT; ++nt) {
+            o[mt][nt][0] *= scl[mt][0];
+            o[mt][nt][1] *= scl[mt][0];
+            o[mt][nt][2] *= scl[mt][1];
+            o[mt][nt][3] *= scl[mt][1];
           }
-          *reinterpret_cast<uint4*>(smem + Cfg::kOffQ + swz<RC>(lr, c)) = v;
         }
       }
+    }
+#pragma unroll
+    for (int kt = 0; kt < BN / 16; ++kt) {
+      unsigned a[O_MT][4];
+#pragma unroll
+      for (int mt = 0; mt < O_MT; ++mt)
+        sm80::ldsm_x4(a[mt], sP + swz<PRC>(mt * 16 + (lane % 16), kt * 2 + a_chk));
+#pragma unroll
+      for (int np = 0; np < O_NT / 2; ++np) {
+        unsigned b[4];
+        // chunk o_col0 / 8 + 2 np + a_chk: low bits 2 (np % 4) + a_chk, high (np / 4) * 8
+        sm80::ldsm_x4_trans(b, sKt + (v_lane ^ unsigned(32 * (np % 4))) + unsigned((np / 4) * 128 + kt * 16 * RC * 16));
+#pragma unroll
+        for (int mt = 0; mt < O_MT; ++mt) {
+          sm80::Mma<Element>::run(o[mt][2 * np], a[mt], b[0], b[1]);
+          sm80::Mma<Element>::run(o[mt][2 * np + 1], a[mt], b[2], b[3]);
+        }
+      }
+    }
+  };
+  // A finished piece: O rows / l into out or o_accum, the LSE, then fresh state for the next one.
+  auto finish_piece = [&](int bi, bool first_piece) {
+    const PieceDest dest = piece_dest(p, bi, first_piece ? __ldg(meta + kMetaBeginSplit) : 0);
+    const int col_base = o_col0 + (lane % 4) * 2;
+#pragma unroll
+    for (int mt = 0; mt < O_MT; ++mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        m_run[h] = -kInf;
-        l_part[h] = 0.f;
+        const int lr = mt * 16 + lane / 4 + 8 * h;
+        const int r = m_block * BM + lr;
+        if (r >= p.rows) continue;
+        float l = red_sum[lr];
+#pragma unroll
+        for (int j = 1; j < WN; ++j) l += red_sum[j * BM + lr];
+        sm80::store_o_row<Element, DV>(p, dest, bi, g, r, col_base, o[mt], h, l > 0.f ? 1.f / l : 0.f);
+      }
+    }
+    // LSE: one writer per row (QK layout, wn == 0, quad leader), which holds m_run of the row.
+    if (wn == 0 && (lane & 3) == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int lr = q_row0 + 8 * h;
+        const int r = m_block * BM + lr;
+        if (r < p.rows) {
+          float l = red_sum[lr];
+#pragma unroll
+          for (int j = 1; j < WN; ++j) l += red_sum[j * BM + lr];
+          store_piece_lse(p, dest, bi, g, r, l > 0.f ? m_run[h] + log2f(l) : -kInf);
+        }
+      }
+    }
+    clear_o();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_run[h] = -kInf;
+      l_part[h] = 0.f;
+    }
+  };
+  // Q of batch bi (all BLOCK_M rows) into smem, by every thread.
+  auto load_q = [&](int bi) {
+    const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)bi * p.q_stride_b;
+#pragma unroll 6
+    for (int it = 0; it < (Cfg::kQChunks + NT - 1) / NT; ++it) {
+      const int idx = it * NT + tid;
+      if (Cfg::kQChunks % NT == 0 || idx < Cfg::kQChunks) {
+        const int lr = idx / RC, c = idx % RC;
+        const int r = m_block * BM + lr;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);  // padded rows are zero
+        if (r < p.rows) {
+          const auto [s, head] = query_row(p, g, r);
+          v = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + c * 8));
+        }
+        *reinterpret_cast<uint4*>(smem + Cfg::kOffQ + swz<RC>(lr, c)) = v;
+      }
+    }
+  };
+
+  bool piece_start = true;
+  int stage = 0;
+  sm80::PhaseTrace<Cfg::NUM_WARPS> phases(warp, lane);
+  while (cur.valid()) {
+    if (piece_start) {
+      // Safe: every warp finished reading the previous Q (S of the previous tile) before barrier B
+      // of that tile. Visible to all after barrier A below.
+      load_q(cur.bi);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
         const int r = m_block * BM + q_row0 + 8 * h;
         // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1. Never past the piece.
         const int lc = p.causal ? cur.L - p.s_q + r / p.q_per_kv + 1 : cur.L;
@@ -720,8 +872,10 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
       start_kv();
     }
 
+    phases.mark(0);
     sm80::cp_async_wait<NS - 2>();  // this thread's copies of tile n landed
     __syncthreads();                // A: everyone's copies of tile n (and Q) are visible; stage n-1, P free
+    phases.mark(1);
     prod.issue(p, k_cache, sKV, g, seqlens);  // tile n + NS - 1 -> stage (n - 1) % NS
 
     const unsigned sK = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
@@ -755,6 +909,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
           }
         }
       }
+      phases.mark(2);
       // Pair exchange: keep row tile kd, give row tile 1 - kd to warp ^ 1 (selects, not dynamic indexing).
 #pragma unroll
       for (int nt = 0; nt < S_NT; ++nt) {
@@ -799,6 +954,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
           }
         }
       }
+      phases.mark(2);
       // Quad reduce-scatter: block b = (row tile b & 1, token group b >> 1) belongs to warp kd = b.
       if constexpr (Cfg::kXRounds == 1) {
 #pragma unroll
@@ -876,6 +1032,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
       }
     }
 
+    phases.mark(3);
     // ---------------- mask (select: NaN never survives) + local row max ----------------
     if (cur.tok + BN > min(lim[0], lim[1])) {
 #pragma unroll
@@ -896,6 +1053,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
       if ((lane & 3) == 0) red_max[wn * BM + q_row0 + 8 * h] = mx;
     }
     __syncthreads();  // B: row maxima of all warps visible; every xS read done (P may overwrite it)
+    phases.mark(4);
 
     // ---------------- online softmax (log2 domain), P -> smem ----------------
 #pragma unroll
@@ -928,84 +1086,15 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
       }
     }
     __syncthreads();  // C: P, row_scale (and red_sum) visible
+    phases.mark(5);
 
-    // ---------------- O = O * row_scale + P V (all rows x WARP_DV columns per warp) ----------------
-    {
-      float scl[MT][2];
-      bool rescale = false;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        scl[mt][0] = row_scale[mt * 16 + lane / 4];
-        scl[mt][1] = row_scale[mt * 16 + lane / 4 + 8];
-        rescale |= scl[mt][0] != 1.f || scl[mt][1] != 1.f;
-      }
-      if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-          for (int nt = 0; nt < O_NT; ++nt) {
-            o[mt][nt][0] *= scl[mt][0];
-            o[mt][nt][1] *= scl[mt][0];
-            o[mt][nt][2] *= scl[mt][1];
-            o[mt][nt][3] *= scl[mt][1];
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int kt = 0; kt < BN / 16; ++kt) {
-      unsigned a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) sm80::ldsm_x4(a[mt], sP + swz<PRC>(mt * 16 + (lane % 16), kt * 2 + a_chk));
-#pragma unroll
-      for (int np = 0; np < O_NT / 2; ++np) {
-        unsigned b[4];
-        // chunk warp * WARP_DV / 8 + 2 np + a_chk: low bits 2 (np % 4) + a_chk, high (np / 4) * 8
-        sm80::ldsm_x4_trans(b, sK + v_off[np % 4] + unsigned((np / 4) * 128 + kt * 16 * RC * 16));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          sm80::Mma<Element>::run(o[mt][2 * np], a[mt], b[0], b[1]);
-          sm80::Mma<Element>::run(o[mt][2 * np + 1], a[mt], b[2], b[3]);
-        }
-      }
-    }
-
-    // ---------------- epilogue of a piece ----------------
-    if (last) {
-      const PieceDest dest = piece_dest(p, cur.bi, cur.bi == cur.begin_b ? begin_split_local : 0);
-      const int col_base = warp * WARP_DV + (lane % 4) * 2;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int lr = mt * 16 + lane / 4 + 8 * h;
-          const int r = m_block * BM + lr;
-          if (r >= p.rows) continue;
-          float l = red_sum[lr];
-#pragma unroll
-          for (int j = 1; j < WN; ++j) l += red_sum[j * BM + lr];
-          sm80::store_o_row<Element, DV>(p, dest, cur.bi, g, r, col_base, o[mt], h, l > 0.f ? 1.f / l : 0.f);
-        }
-      }
-      // LSE: one writer per row (QK layout, wn == 0, quad leader), which holds m_run of the row.
-      if (wn == 0 && (lane & 3) == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int lr = q_row0 + 8 * h;
-          const int r = m_block * BM + lr;
-          if (r < p.rows) {
-            float l = red_sum[lr];
-#pragma unroll
-            for (int j = 1; j < WN; ++j) l += red_sum[j * BM + lr];
-            store_piece_lse(p, dest, cur.bi, g, r, l > 0.f ? m_run[h] + log2f(l) : -kInf);
-          }
-        }
-      }
-      clear_o();
-      piece_start = true;
-    }
+    pv_tile(sK);
+    if (last) finish_piece(cur.bi, cur.first_piece(meta));
+    phases.mark(6);
+    phases.next_tile();
+    if (last) piece_start = true;
     stage = stage + 1 == NS ? 0 : stage + 1;
-    cur.template advance<BN>(seqlens);
+    cur.template advance<BN>(meta, seqlens);
   }
   sm80::cp_async_wait<0>();
 }
