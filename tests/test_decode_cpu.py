@@ -152,15 +152,18 @@ def _cuobjdump():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch_name,rows", [("sm_80", 128), ("sm_80", 16), ("sm_86", 64), ("sm_89", 128)])
+@pytest.mark.parametrize("arch_name,rows", [("sm_80", 128), ("sm_80", 16), ("sm_86", 64), ("sm_89", 128),
+                                            ("sm_80@sm_90a", 128)])
 def test_sm80_family_compiles_without_spills_with_hmma_and_cp_async(arch_name, rows, cache_root, monkeypatch,
                                                                       tmp_path):
+    """tuning[@target]: sm_80@sm_90a is the family as the GPU tests run it on a Hopper GPU."""
     import subprocess
 
     from mla_jit.configs.decode import sm80_decode_config
-    from mla_jit.jit.arch import resolve_for_build
+    from mla_jit.jit.arch import ArchPair, parse_arch
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
-    arch = resolve_for_build(arch_name)
+    tuning, _, target = arch_name.partition("@")
+    arch = ArchPair(parse_arch(tuning), parse_arch(target or tuning))
     family = registry.get("mla_decode_sm80")
     cfg = sm80_decode_config("bf16", 576, 512, 64, rows, arch.tuning)
     binary = build(family.source(cfg, arch))

@@ -116,7 +116,9 @@ class MlaDecodeSm80Family(KernelFamily[Sm80DecodeConfig]):
         return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "dtype": cpp_type(cfg.dtype),
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "page_size": cfg.page_size,
                 "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
-                "num_warps": cfg.num_warps, "smem_limit": cfg.smem_limit}
+                "num_warps": cfg.num_warps, "smem_limit": cfg.smem_limit,
+                # sm_8x's ptxas spills the combine kernel without a 4-blocks hint, sm_90a's with it
+                "combine_min_blocks": 4 if arch.target.major < 9 else 1}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[Sm80DecodeConfig]:
         configs = (sm80_decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size,
