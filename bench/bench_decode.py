@@ -1,15 +1,17 @@
-"""Dense MLA decode vs the FlashMLA figures of shared ANCHORS.md (H200), same recipe and formulas.
+"""Dense MLA decode vs FlashMLA's H200 figures (the project's anchor table), same recipe and formulas.
 
 Inputs as FlashMLA's dense decode test: d=576, dv=512, h_kv=1, page 64, randomly permuted block
 table, varlen lengths ~ Normal(s_k, s_k/2) clipped at s_q (seed 0), q and k ~ N(0, 0.1^2) clipped
 to [-1, 1]. Time: the whole call (metadata computed once and reused; split-KV + combine), CUDA
 events, L2 flushed before each of 20 iterations, median.
 Usage: python bench/bench_decode.py [--json PATH] [--rows N] [--schedule S] [--arch A]
-                                    [--against S | --against-env NAME=VALUE]
+                                    [--against S | --against-env NAME=VALUE | --against-package NAME]
 --against S times the sm90 schedule S too, interleaved call by call with the default one (A B A B),
 and prints the ratio: the way to compare two kernels (clocks drift between runs and machines).
 --against-env NAME=VALUE does the same for a kernel picked by an environment variable (e.g.
 MLA_JIT_SM90_DECODE_SCHEDULE=ws_unfused), the first variant keeping the variable as the process has it.
+--against-package NAME does the same for another copy of the package importable as NAME (e.g. the
+previous commit's mla_jit extracted as mla_jit_prev: scripts/gpu_run.sh PREV=<commit>), host times too.
 """
 from __future__ import annotations
 
@@ -20,14 +22,16 @@ import os
 import statistics
 import time
 
+import importlib
+
 import torch
 
 import mla_jit
 
-COPY_GBPS = 4273.0      # H200 copy bandwidth (read + write), ANCHORS.md
-MATMUL_TFLOPS = 790.0   # H200 bf16 matmul, ANCHORS.md
+COPY_GBPS = 4273.0      # H200 copy bandwidth (read + write), measured with the anchors
+MATMUL_TFLOPS = 790.0   # H200 bf16 matmul, measured with the anchors
 
-# b, s_q, s_k, h_q, causal, FlashMLA us (ANCHORS.md, H200)
+# b, s_q, s_k, h_q, causal, FlashMLA us (the anchor table, H200)
 ANCHOR_ROWS = [
     (128, 1, 4096, 128, 0, 253.7), (128, 1, 8192, 128, 0, 463.5), (128, 1, 16384, 128, 0, 885.7),
     (128, 1, 32768, 128, 0, 1731.1), (128, 2, 4096, 128, 0, 438.4), (128, 2, 8192, 128, 0, 831.7),
@@ -108,13 +112,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=len(ANCHOR_ROWS))
     parser.add_argument("--arch", help="kernel family tuning, e.g. sm_80 or sm_89 (sets MLA_JIT_ARCH); "
                         "default: the GPU's own")
-    parser.add_argument("--schedule", choices=("baseline", "ws", "ws_unfused", "seesaw"),
+    parser.add_argument("--schedule", choices=("ws", "ws_unfused"),
                         help="sm90 split-KV schedule (sets MLA_JIT_SM90_DECODE_SCHEDULE)")
     contender = parser.add_mutually_exclusive_group()
-    contender.add_argument("--against", choices=("baseline", "ws", "ws_unfused", "seesaw"),
+    contender.add_argument("--against", choices=("ws", "ws_unfused"),
                            help="also time this sm90 schedule, interleaved with the first, and print the ratio")
     contender.add_argument("--against-env", metavar="NAME=VALUE",
                            help="also time the kernel this environment setting picks, interleaved, with the ratio")
+    contender.add_argument("--against-package", metavar="NAME",
+                           help="also time this importable copy of the package (e.g. mla_jit_prev), interleaved")
     args = parser.parse_args()
     if args.arch:
         os.environ["MLA_JIT_ARCH"] = args.arch
@@ -131,20 +137,27 @@ def main() -> None:
             parser.error("--against-env expects NAME=VALUE")
         first[name] = os.environ.get(name)
         contender = {**first, name: value}
-    args.against = args.against or args.against_env
+    packages = [mla_jit]
+    if args.against_package:
+        packages.append(importlib.import_module(args.against_package))
+        contender = dict(first)
+    args.against = args.against or args.against_env or args.against_package
     variants = [_env_setter(first)] + ([_env_setter(contender)] if contender else [])
-    # 8 GB, as ANCHORS.md's FlashMLA figures were taken (2 GB until session 11; interleaved on the
+    pkg_of = [packages[min(k, len(packages) - 1)] for k in range(len(variants))]
+    # 8 GB, as the anchor FlashMLA figures were taken (2 GB until session 11; interleaved on the
     # H200, the two gave the same times within 0.7% on every row).
     flush = torch.empty(8 << 30, dtype=torch.uint8, device="cuda")
     results = []
     for b, s_q, s_k, h_q, causal, anchor_us in ANCHOR_ROWS[:args.rows]:
         q, k_cache, block_table, lens = make_inputs(b, s_q, s_k, h_q)
-        metadata, num_splits = mla_jit.get_mla_metadata(lens, s_q * h_q // H_KV, H_KV)
 
-        def call():
-            return mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, DV, metadata, num_splits,
-                                                  causal=bool(causal))
-        us, *against = time_interleaved([(setup, call) for setup in variants], flush)
+        def make_call(pkg, setup):
+            setup()
+            metadata, num_splits = pkg.get_mla_metadata(lens, s_q * h_q // H_KV, H_KV)
+            return lambda: pkg.flash_mla_with_kvcache(q, k_cache, block_table, lens, DV, metadata, num_splits,
+                                                      causal=bool(causal))
+        calls = [(setup, make_call(pkg, setup)) for setup, pkg in zip(variants, pkg_of)]
+        us, *against = time_interleaved(calls, flush)
         variants[0]()
         mean = lens.float().mean().item()
         flop = b * h_q * s_q * (2 * D * mean + 2 * mean * DV)
@@ -160,11 +173,23 @@ def main() -> None:
     # Host time: a shape whose GPU time (~10 us) is well below the host time, so that the launch
     # queue never fills and blocks the host ((4, 1, 512, 16) was ~20 us of GPU time, too close).
     q, k_cache, block_table, lens = make_inputs(1, 1, 256, 16)
+    host = {}
+    for tag, pkg in zip(("", "against_"), packages):
+        metadata, num_splits = pkg.get_mla_metadata(lens, 16, 1)
+        host[tag + "decode_call_us"] = host_time_us(lambda: pkg.flash_mla_with_kvcache(
+            q, k_cache, block_table, lens, DV, metadata, num_splits))
+        host[tag + "metadata_call_us"] = host_time_us(lambda: pkg.get_mla_metadata(lens, 16, 1))
+    # FlashMLA's current API, as an engine's later layers call it: the schedule object already filled.
+    sched, _ = mla_jit.get_mla_metadata()
+    mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, DV, sched, None)
+    host["decode_call_lazy_schedule_us"] = host_time_us(lambda: mla_jit.flash_mla_with_kvcache(
+        q, k_cache, block_table, lens, DV, sched, None))
+    # The torch custom op called directly (what a torch.compile'd graph runs), for the dispatcher's cost.
     metadata, num_splits = mla_jit.get_mla_metadata(lens, 16, 1)
-    host = {"decode_call_us": host_time_us(lambda: mla_jit.flash_mla_with_kvcache(
-                q, k_cache, block_table, lens, DV, metadata, num_splits)),
-            "metadata_call_us": host_time_us(lambda: mla_jit.get_mla_metadata(lens, 16, 1))}
-    report = {"gpu": torch.cuda.get_device_name(0), "rows": results, "host": host}
+    host["decode_torch_op_us"] = host_time_us(lambda: torch.ops.mla_jit.flash_mla_with_kvcache(
+        q, k_cache, block_table, lens, DV, metadata, num_splits))
+    report = {"gpu": torch.cuda.get_device_name(0), "rows": results, "host": host,
+              **({"against": args.against} if args.against else {})}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
@@ -178,7 +203,12 @@ def main() -> None:
         print(f"{r['b']:>4} {r['s_q']:>2} {r['s_k']:>6} {r['h_q']:>4} {r['causal']:>1} {r['us']:8.1f} "
               f"{r['tflops']:7.0f} {r['gbps']:6.0f} {r['flashmla_us']:8.1f} {r['ratio']:6.2f} "
               f"{r['roofline_fraction']:5.2f}" + extra)
-    print(f"host time per warm call: decode {host['decode_call_us']:.1f} us, metadata {host['metadata_call_us']:.1f} us")
+    print(f"host time per warm call: decode {host['decode_call_us']:.1f} us, metadata {host['metadata_call_us']:.1f} us, "
+          f"decode with a filled FlashMLASchedMeta {host['decode_call_lazy_schedule_us']:.1f} us, "
+          f"torch.ops.mla_jit decode {host['decode_torch_op_us']:.1f} us")
+    if "against_decode_call_us" in host:
+        print(f"host time per warm call, {args.against_package}: decode {host['against_decode_call_us']:.1f} us, "
+              f"metadata {host['against_metadata_call_us']:.1f} us")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,11 @@ import mla_jit
 from mla_jit.configs.decode import fused_combine_pays, num_sm_parts
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_decode import DV, H_KV, PAGE, _schedule_setter, make_inputs, time_interleaved  # noqa: E402
+from bench_decode import DV, H_KV, PAGE, _env_setter, make_inputs, time_interleaved  # noqa: E402
+
+
+def _schedule_setter(schedule):
+    return _env_setter({"MLA_JIT_SM90_DECODE_SCHEDULE": schedule})
 
 # b, s_q, s_k, h_q: small batches and short sequences (many splits per batch) to the anchor sizes.
 SHAPES = [(1, 1, 512, 16), (4, 1, 512, 16), (4, 1, 4096, 16), (4, 1, 4096, 64), (8, 1, 2048, 128),

@@ -1,17 +1,45 @@
 """mla_jit: JIT-compiled DeepSeek-style MLA kernels.
 
-Importing the package has no side effects: no directory is created and no GPU is touched
-until an op is called.
+Importing the package has no side effects and does not import torch: no directory is created and
+no GPU is touched until an op is used. The ops (and their torch.library registrations in the
+`mla_jit` namespace) load on first access, so the `mla-jit` CLI starts fast.
 """
-from .errors import (CacheError, CompileError, InvalidArgumentError, KernelNotWarmError, LaunchError,
-                     MlaJitError, OfflineCacheMissError, UnsupportedArchError)
-from .ops.decode import flash_mla_with_kvcache, get_mla_metadata
-from .ops.workspace import release_workspaces
+from __future__ import annotations
+
+import importlib
+
+from .errors import (CacheError, CompileError, ConfigError, ConfigSpecError, FeatureNotAvailableError,
+                     InvalidArgumentError, KernelNotWarmError, LaunchError, MlaJitError, OfflineCacheMissError,
+                     UnsupportedArchError)
 
 __version__ = "0.1.0"
 
+# Public op -> the module defining it (each op module registers its torch.library ops on import).
+_OPS = {
+    "get_mla_metadata": ".ops.decode",
+    "flash_mla_with_kvcache": ".ops.decode",
+    "FlashMLASchedMeta": ".ops.decode",
+    "release_workspaces": ".runtimes.workspace",
+}
+# The public ops that are torch custom ops (torch.ops.mla_jit.<name>), each with a fake implementation.
+TORCH_OPS = ("get_mla_metadata", "flash_mla_with_kvcache")
+
 __all__ = [
-    "get_mla_metadata", "flash_mla_with_kvcache", "release_workspaces",
+    *_OPS,
     "MlaJitError", "InvalidArgumentError", "UnsupportedArchError", "CompileError", "CacheError",
-    "OfflineCacheMissError", "KernelNotWarmError", "LaunchError",
+    "OfflineCacheMissError", "KernelNotWarmError", "LaunchError", "ConfigError", "ConfigSpecError",
+    "FeatureNotAvailableError",
 ]
+
+
+def __getattr__(name: str):
+    module = _OPS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mla_jit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups are plain module attributes
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_OPS))

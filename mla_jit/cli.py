@@ -1,79 +1,146 @@
-"""`mla-jit`: prewarm | list | clear | info."""
+"""`mla-jit`: prewarm | list | clear | info.
+
+Startup stays light: the CLI never imports torch (only `info` does, for its GPU section) and never
+touches CUDA. `prewarm` renders every kernel and looks it up in the cache in this process, and
+starts compile processes only for the misses, so a warm prewarm takes well under a second.
+"""
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
-import multiprocessing
 import os
 import sys
+import textwrap
 import time
-from dataclasses import dataclass
+
+# ---- what the registry, the presets and the arch module offer (for --help and validation) --------
 
 
-@dataclass(frozen=True)
-class PrewarmJob:
-    family: str
-    spec: str
-    arch: str        # "sm_90a" or "tuning@target"
-    compiler: str
-
-
-def _parse_arch(text: str):
-    from .jit.arch import ArchPair, parse_arch
-    tuning, _, target = text.partition("@")
-    return ArchPair(parse_arch(tuning), parse_arch(target or tuning))
-
-
-def _prewarm_one(job: PrewarmJob) -> tuple[str, str, float, str | None]:
-    """Worker: build one kernel. Returns (kernel name, origin, seconds, error)."""
-    from .errors import MlaJitError
-    from .jit.build import build
-    from .jit.compiler import get_compiler
+def _families() -> dict:
     from .runtimes import registry
-    start = time.perf_counter()
-    family = registry.get(job.family)
-    cfg = family.config_from_spec(job.spec)
-    name = family.kernel_name(cfg)
-    try:
-        binary = build(family.source(cfg, _parse_arch(job.arch)), get_compiler(job.compiler))
-        return name, binary.origin, time.perf_counter() - start, None
-    except MlaJitError as exc:
-        return name, "failed", time.perf_counter() - start, str(exc)
+    return registry.families()
 
 
-def _enumerate_jobs(args) -> list[PrewarmJob]:
+def _ops() -> dict[str, list]:
+    """op -> the families serving it, in registry order."""
+    out: dict[str, list] = {}
+    for family in _families().values():
+        for op in family.ops:
+            out.setdefault(op, []).append(family)
+    return out
+
+
+def _default_ops() -> list[str]:
+    return [op for op, fams in _ops().items() if any(f.default_prewarm for f in fams)]
+
+
+def _example_ops() -> list[str]:
+    return [op for op, fams in _ops().items() if not any(f.default_prewarm for f in fams)]
+
+
+def _preset_names() -> list[str]:
     from . import presets
-    from .errors import MlaJitError
+    groups = [f"{g} (= {', '.join(members)})" for g, members in presets.PRESET_GROUPS.items()]
+    return [*groups, *presets.PRESETS]
+
+
+def _arch_names() -> tuple[str, ...]:
+    from .jit.arch import SUPPORTED_ARCHS
+    return SUPPORTED_ARCHS
+
+
+def _catalog() -> str:
+    """The ops, families, presets and archs, generated from their modules (for --help)."""
+    items = [
+        ("ops", f"{', '.join(_default_ops())} (built by default); {', '.join(_example_ops())} "
+                "(examples: built only when named with --op)"),
+        ("families (--config FAMILY:field=value,...)", ", ".join(_families())),
+        ("presets", ", ".join(_preset_names())),
+        ("archs", f"{', '.join(_arch_names())}; TUNING@TARGET builds a family for a newer GPU "
+                  "(e.g. sm_80@sm_90a)"),
+    ]
+    return "\n".join(textwrap.fill(text, 100, initial_indent=f"{name}: ", subsequent_indent="    ")
+                     for name, text in items)
+
+
+# ---- prewarm -----------------------------------------------------------------------------------------
+
+
+def _arch_pairs(args) -> list:
+    from .errors import UnsupportedArchError
     from .jit import env
-    from .runtimes import registry
-    families = registry.families()
-    compiler = args.compiler or env.compiler_name()
-    archs = args.arch or [env.arch_override() or "sm_90a"]
-    jobs: list[PrewarmJob] = []
+    from .jit.arch import parse_arch_pair
+    given = args.arch or [env.arch_override() or "sm_90a"]
+    pairs = []
+    for text in given:
+        try:
+            pair = parse_arch_pair(text)
+        except UnsupportedArchError as exc:
+            raise UnsupportedArchError(f"{'--arch ' if args.arch else 'MLA_JIT_ARCH='}{text}: {exc}") from None
+        if pair not in pairs:
+            pairs.append(pair)
+    return pairs
+
+
+def _enumerate_jobs(args) -> list[tuple]:
+    """(family, config, ArchPair) of every kernel to prewarm. Validates every --config spec, --op,
+    --preset and --arch here, in this process, before anything is compiled."""
+    from . import presets
+    from .errors import ConfigSpecError, MlaJitError
+    families = _families()
+    pairs = _arch_pairs(args)
+    jobs: dict[tuple, tuple] = {}
     for spec in args.config or []:
-        family_name = spec.partition(":")[0]
-        if family_name not in families:
-            raise MlaJitError(f"--config {spec}: unknown kernel family {family_name!r} ({', '.join(families)})")
-        for arch in archs:
-            jobs.append(PrewarmJob(family_name, spec, arch, compiler))
+        name = spec.partition(":")[0].strip()
+        family = families.get(name)
+        if family is None:
+            raise ConfigSpecError(f"--config {spec}: unknown kernel family {name!r} (families: {', '.join(families)})")
+        cfg = family.config_from_spec(spec)
+        for pair in pairs:
+            if not family.supports(pair.tuning):
+                raise ConfigSpecError(f"--config {spec}: family {name} serves {', '.join(family.tunings)}, "
+                                      f"not {pair.tuning.name} (--arch)")
+            jobs.setdefault((name, cfg, pair), (family, cfg, pair))
     if args.config and not args.op and not args.preset:
-        return jobs
-    chosen_presets = presets.resolve(args.preset)
-    known_ops = sorted({op for f in families.values() for op in f.ops})
+        return list(jobs.values())
+    known_ops = _ops()
     for op in args.op or []:
         if op not in known_ops:
             raise MlaJitError(f"--op {op}: unknown op; known: {', '.join(known_ops)}")
-    for arch_text in archs:
-        pair = _parse_arch(arch_text)
+    chosen_presets = presets.resolve(args.preset)
+    for pair in pairs:
         for family in families.values():
-            if not family.supports(pair.tuning) or (args.op and not set(args.op) & set(family.ops)):
+            wanted = set(args.op) & set(family.ops) if args.op else family.default_prewarm
+            if not wanted or not family.supports(pair.tuning):
                 continue
             for cfg in family.prewarm_configs(pair.tuning, chosen_presets):
-                job = PrewarmJob(family.name, family.config_spec(cfg), arch_text, compiler)
-                if job not in jobs:
-                    jobs.append(job)
-    return jobs
+                jobs.setdefault((family.name, cfg, pair), (family, cfg, pair))
+    return list(jobs.values())
+
+
+def _prewarm_one(src, compiler_name: str) -> tuple[str, str, float, str | None]:
+    """Build one kernel (in a worker process, or in this one). Returns (kernel name, origin,
+    seconds, error): errors are reported, never raised (no worker tracebacks)."""
+    from .errors import MlaJitError
+    start = time.perf_counter()
+    try:
+        from .jit.build import build
+        from .jit.compiler import get_compiler
+        binary = build(src, get_compiler(compiler_name), allow_compile=True, fallback=False)
+        return src.name, binary.origin, time.perf_counter() - start, None
+    except MlaJitError as exc:
+        return src.name, "failed", time.perf_counter() - start, str(exc)
+    except Exception as exc:  # noqa: BLE001 - report it with the kernel's name instead of a traceback
+        return src.name, "failed", time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
+
+
+def _worker_init(interruptible: bool) -> None:
+    # Ctrl-C reaches every process of the terminal's group: let a worker die of it quietly (the
+    # kernel drops its cache lock; a half-written entry is only a staging dir) instead of printing
+    # a KeyboardInterrupt traceback. The parent reports the interruption once. A parent that
+    # ignores SIGINT (started in the background) keeps its workers ignoring it too.
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL if interruptible else signal.SIG_IGN)
 
 
 def _progress(done: int, total: int, line: str) -> None:
@@ -83,38 +150,122 @@ def _progress(done: int, total: int, line: str) -> None:
     sys.stderr.flush()
 
 
+def _run_compiles(sources: list, compiler_name: str, jobs_n: int):
+    """Yield _prewarm_one's result for every source, compiling in `jobs_n` spawned processes
+    (in this process when jobs_n is 1)."""
+    if jobs_n == 1:
+        for src in sources:
+            yield _prewarm_one(src, compiler_name)
+        return
+    import concurrent.futures as cf
+    import multiprocessing
+    import signal
+    from concurrent.futures.process import BrokenProcessPool
+    interruptible = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # spawn: workers start clean (no inherited locks, threads or CUDA state from this process).
+    pool = cf.ProcessPoolExecutor(jobs_n, mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=_worker_init, initargs=(interruptible,))
+    try:
+        futures = {pool.submit(_prewarm_one, src, compiler_name): src for src in sources}
+        for fut in cf.as_completed(futures):
+            try:
+                yield fut.result()
+            except BrokenProcessPool:
+                yield futures[fut].name, "failed", 0.0, "a compile process died (killed by a signal?)"
+    except BaseException:
+        # Interrupted (or the parent failed): stop the workers now rather than wait for their compiles.
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            try:
+                proc.terminate()
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
 def cmd_prewarm(args) -> int:
+    from .errors import ConfigError
+    from .jit import build as jit_build
+    from .jit import env
+    from .jit.compiler import get_compiler
+    start = time.perf_counter()
+    compiler_name = args.compiler or env.compiler_name()
+    if env.cache_disabled():
+        raise ConfigError("MLA_JIT_DISABLE_CACHE=1: prewarm would have no cache to fill; unset it")
+    env.lock_timeout()   # a bad MLA_JIT_LOCK_TIMEOUT is reported once, here, not once per kernel
     jobs = _enumerate_jobs(args)
     if not jobs:
         print("nothing to prewarm for the given --arch/--op/--preset")
         return 0
-    start = time.perf_counter()
-    counts = {"compiled": 0, "cached": 0, "failed": 0}
+    # The target root must be usable before anything compiles: no fallback to a temporary root
+    # whose kernels would be lost (MLA_JIT_OFFLINE does not apply: prewarm compiles regardless).
+    jit_build.target_root(fallback=False)
+    compiler = get_compiler(compiler_name)
+    sources = [family.source(cfg, pair) for family, cfg, pair in jobs]
+    misses = [src for src in sources if jit_build.lookup(src, compiler, fallback=False) is None]
+    counts = {"compiled": 0, "cached": len(sources) - len(misses), "failed": 0}
+    jobs_n = max(1, min(args.jobs or os.cpu_count() or 1, len(misses)))
+    print(f"prewarming {len(sources)} kernel(s): {counts['cached']} already cached"
+          + (f", compiling {len(misses)} with {jobs_n} process(es)" if misses else ""), flush=True)
     failures: list[tuple[str, str]] = []
-    jobs_n = max(1, min(args.jobs or os.cpu_count() or 1, len(jobs)))
-    print(f"prewarming {len(jobs)} kernel(s) with {jobs_n} process(es)", flush=True)
-    # spawn: workers must not inherit a CUDA context or locks from this process.
-    with cf.ProcessPoolExecutor(jobs_n, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_prewarm_one, job) for job in jobs]
-        for done, fut in enumerate(cf.as_completed(futures), 1):
-            name, origin, seconds, error = fut.result()
-            key = "compiled" if origin == "compiled" else "failed" if error else "cached"
-            counts[key] += 1
-            if error:
-                failures.append((name, error))
-            _progress(done, len(jobs), f"{name}: {origin} ({seconds:.1f} s)")
-    elapsed = time.perf_counter() - start
+    if misses:
+        try:
+            for done, (name, origin, seconds, error) in enumerate(_run_compiles(misses, compiler_name, jobs_n), 1):
+                counts["failed" if error else "compiled" if origin == "compiled" else "cached"] += 1
+                if error:
+                    failures.append((name, error))
+                _progress(done, len(misses), f"{name}: {origin} ({seconds:.1f} s)")
+        except KeyboardInterrupt:
+            print(f"mla-jit: prewarm interrupted ({counts['compiled']} compiled before)", file=sys.stderr)
+            return 130
     for name, error in failures:
         print(f"FAILED {name}:\n{error}\n", file=sys.stderr)
     print(f"prewarm: {counts['compiled']} compiled, {counts['cached']} already cached, "
-          f"{counts['failed']} failed, {elapsed:.1f} s")
+          f"{counts['failed']} failed, {time.perf_counter() - start:.1f} s")
     return 1 if failures else 0
 
 
-def _entries():
+# ---- list / clear / info: they look at the configured roots and never create one ----------------
+
+
+def _roots() -> list[dict]:
+    """The configured roots as they are: MLA_JIT_CACHE_DIR (status ok, missing or unusable; when it is
+    unusable, the private fallback root ops use, if it exists), then MLA_JIT_READONLY_CACHE_DIRS."""
+    from .cache import store
+    from .jit import env
+    wanted = env.cache_dir()
+    problem = store.root_problem(wanted)
+    status = "unusable" if problem else "ok" if wanted.is_dir() else "missing"
+    roots = [{"root": store.CacheRoot(wanted, True), "source": "MLA_JIT_CACHE_DIR", "status": status,
+              "problem": problem}]
+    if problem and (fallback := store.private_temp_root_path()).is_dir():
+        roots.append({"root": store.CacheRoot(fallback, True), "source": "fallback of MLA_JIT_CACHE_DIR",
+                      "status": "ok", "problem": None})
+    for path in env.readonly_cache_dirs():
+        roots.append({"root": store.CacheRoot(path, False), "source": "MLA_JIT_READONLY_CACHE_DIRS",
+                      "status": "ok" if path.is_dir() else "missing",
+                      "problem": None if path.is_dir() else f"{path} is not a directory"})
+    return roots
+
+
+def _root_note(r: dict) -> str | None:
+    path = r["root"].path
+    if r["status"] == "unusable":
+        return f"cache directory {path} ({r['source']}) is unusable: {r['problem']}"
+    if r["status"] == "missing":
+        what = "does not exist yet" if r["root"].writable else "does not exist"
+        return f"cache directory {path} ({r['source']}) {what}"
+    if r["source"].startswith("fallback"):
+        return f"ops use the private fallback cache {path} instead"
+    return None
+
+
+def _entries(roots: list[dict]):
     from .cache import store
     now = time.time()
-    for root, arch, path, manifest in store.iter_entries():
+    usable = [r["root"] for r in roots if r["root"].path.is_dir()]
+    for root, arch, path, manifest in store.iter_entries(usable):
         size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
         yield {"name": (manifest or {}).get("name", path.name), "arch": arch, "size_bytes": size,
                "age_s": round(now - (manifest or {}).get("created", path.stat().st_mtime), 1),
@@ -123,7 +274,11 @@ def _entries():
 
 
 def cmd_list(args) -> int:
-    rows = list(_entries())
+    roots = _roots()
+    for r in roots:
+        if (note := _root_note(r)):
+            print(f"mla-jit: {note}", file=sys.stderr)
+    rows = list(_entries(roots))
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -141,13 +296,28 @@ def cmd_list(args) -> int:
 
 def cmd_clear(args) -> int:
     from .cache import store
-    root = store.writable_root()
+    from .errors import CacheError
+    roots = _roots()
+    r = roots[0]
+    path = r["root"].path
+    if r["status"] == "missing":
+        print(f"nothing to remove: cache directory {path} does not exist")
+        return 0
+    if r["status"] == "unusable" and not (path.is_dir() and os.access(path, os.W_OK | os.X_OK)):
+        fallback = [x for x in roots if x["source"].startswith("fallback")]
+        hint = (f" (ops fall back to {fallback[0]['root'].path}: clear it with MLA_JIT_CACHE_DIR="
+                f"{fallback[0]['root'].path})" if fallback else "")
+        raise CacheError(f"cache directory {path} (MLA_JIT_CACHE_DIR) is unusable: {r['problem']}{hint}")
     if not args.yes:
-        answer = input(f"remove every cached kernel under {root.path}? [y/N] ")
+        try:
+            answer = input(f"remove every cached kernel under {path}? [y/N] ")
+        except EOFError:
+            answer = ""
+            print()
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing removed")
             return 1
-    print(f"removed {store.clear(root)} cached kernel(s) from {root.path}")
+    print(f"removed {store.clear(r['root'])} cached kernel(s) from {path}")
     return 0
 
 
@@ -164,7 +334,7 @@ def _versions() -> dict:
     for name in ("nvrtc", "nvcc"):
         try:
             out[f"{name}_identity"] = get_compiler(name).identity()
-        except Exception as exc:  # info must report, not fail
+        except Exception as exc:  # noqa: BLE001 - info must report, not fail
             out[f"{name}_identity"] = f"unavailable ({exc})"
     try:
         from .jit.paths import cutlass_include_dir
@@ -172,13 +342,16 @@ def _versions() -> dict:
         parts = [ln.split()[-1] for ln in text.splitlines()
                  if ln.startswith("#define CUTLASS_") and any(k in ln for k in ("MAJOR ", "MINOR ", "PATCH "))]
         out["cutlass_headers"] = ".".join(parts[:3])
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         out["cutlass_headers"] = f"unavailable ({exc})"
     return out
 
 
 def _gpu_info() -> dict:
-    import torch
+    try:
+        import torch  # the only command that imports torch, and only here
+    except ImportError as exc:
+        return {"available": False, "error": str(exc)}
     if not torch.cuda.is_available():
         return {"available": False}
     from .jit.arch import device_arch
@@ -187,19 +360,25 @@ def _gpu_info() -> dict:
     info = {"available": True, "driver": check(cu().cuDriverGetVersion(), "cuDriverGetVersion"), "devices": []}
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
-        info["devices"].append({"index": i, "name": props.name, "arch": device_arch(i).name,
-                                "sms": props.multi_processor_count})
+        try:
+            arch = device_arch(i).name
+        except Exception as exc:  # noqa: BLE001 - an unsupported GPU is still reported
+            arch = f"unsupported ({exc})"
+        info["devices"].append({"index": i, "name": props.name, "arch": arch, "sms": props.multi_processor_count})
     return info
 
 
 def cmd_info(args) -> int:
-    from .cache import store
     from .jit import env
+    _families()   # the families declare their own MLA_JIT_* knobs: list them all
     roots = []
-    for root in store.all_roots():
-        entries = [e for e in _entries() if e["root"] == str(root.path)]
-        roots.append({"path": str(root.path), "writable": root.writable, "entries": len(entries),
-                      "bytes": sum(e["size_bytes"] for e in entries)})
+    all_roots = _roots()
+    entries = list(_entries(all_roots))
+    for r in all_roots:
+        path = str(r["root"].path)
+        mine = [e for e in entries if e["root"] == path]
+        roots.append({"path": path, "writable": r["root"].writable, "source": r["source"], "status": r["status"],
+                      "problem": r["problem"], "entries": len(mine), "bytes": sum(e["size_bytes"] for e in mine)})
     report = {"versions": _versions(), "gpu": _gpu_info(), "cache_roots": roots, "env": env.effective()}
     if args.json:
         print(json.dumps(report, indent=1))
@@ -212,15 +391,29 @@ def cmd_info(args) -> int:
     return 0
 
 
+# ---- the parser ----------------------------------------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mla-jit", description="mla_jit kernel cache and JIT tools")
+    catalog = _catalog()
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="mla-jit", description="mla_jit kernel cache and JIT tools",
+                                     epilog=catalog, formatter_class=raw)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("prewarm", help="compile the kernels of the registered ops into the cache (no GPU needed)")
-    p.add_argument("--arch", action="append", help="target arch (sm_90a, sm_89, sm_80; TUNING@TARGET for a "
-                   "family on a newer GPU). Repeatable. Default: MLA_JIT_ARCH or sm_90a")
-    p.add_argument("--preset", action="append", help="model preset (deepseek-v3, deepseek-v3-tp8, "
-                   "deepseek-v2-lite, ...). Repeatable. Default: all")
-    p.add_argument("--op", action="append", help="only kernels of this op. Repeatable")
+    p = sub.add_parser("prewarm", help="compile the kernels of the registered ops into the cache (no GPU needed)",
+                       description=textwrap.fill(
+                           "Compile kernels into the writable cache root (MLA_JIT_CACHE_DIR), whatever "
+                           "MLA_JIT_OFFLINE says (it governs ops only). Fails, before compiling anything, "
+                           "if that directory is unusable.", 100),
+                       epilog=catalog, formatter_class=raw)
+    p.add_argument("--arch", action="append",
+                   help=f"target arch: {', '.join(_arch_names())}; TUNING@TARGET (e.g. sm_80@sm_90a) builds a "
+                   "family for a newer GPU. Repeatable. Default: MLA_JIT_ARCH or sm_90a")
+    p.add_argument("--preset", action="append",
+                   help=f"model preset: {', '.join(_preset_names())}. Repeatable. Default: all")
+    p.add_argument("--op", action="append",
+                   help=f"only kernels of this op: {', '.join(_ops())}. Repeatable. Default: "
+                   f"{', '.join(_default_ops())} (the examples {', '.join(_example_ops())} only when named)")
     p.add_argument("--config", action="append", help="one exact kernel, FAMILY:field=value,... "
                    "(as printed by offline-mode errors). Repeatable")
     p.add_argument("--jobs", type=int, default=0, help="parallel compile processes (default: CPU count)")
@@ -238,18 +431,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_broken_stdout() -> None:
+    """stdout's reader went away (`mla-jit list | head -1`): send the rest to /dev/null so the final
+    flush at exit does not complain either."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     import logging
     from .errors import MlaJitError
-    from .log import configure_from_env
     logging.basicConfig(format="%(name)s %(levelname)s: %(message)s")
-    configure_from_env()
-    args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        from .log import configure_from_env
+        configure_from_env()
+        args = build_parser().parse_args(argv)
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
     except MlaJitError as exc:
         print(f"mla-jit: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("mla-jit: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        _quiet_broken_stdout()
+        return 141   # 128 + SIGPIPE, what a Unix tool killed by the broken pipe reports
 
 
 if __name__ == "__main__":

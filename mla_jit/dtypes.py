@@ -1,23 +1,41 @@
-"""torch dtype <-> config name <-> C++ type, in one table."""
+"""torch dtype <-> config name <-> C++ type, in one table.
+
+torch is imported on first use of a torch dtype, not at import: kernel families (and so the
+`mla-jit` CLI) render C++ types without it.
+"""
 from __future__ import annotations
 
-import torch
-
-# name: (torch dtype, C++ type, header the C++ type needs)
+# name: (torch dtype attribute, C++ type, header the C++ type needs)
 _TABLE = {
-    "bf16": (torch.bfloat16, "cutlass::bfloat16_t", "cutlass/numeric_types.h"),
-    "fp16": (torch.float16, "cutlass::half_t", "cutlass/numeric_types.h"),
-    "fp32": (torch.float32, "float", None),
+    "bf16": ("bfloat16", "cutlass::bfloat16_t", "cutlass/numeric_types.h"),
+    "fp16": ("float16", "cutlass::half_t", "cutlass/numeric_types.h"),
+    "fp32": ("float32", "float", None),
 }
-_BY_TORCH = {v[0]: k for k, v in _TABLE.items()}
+_BY_TORCH: dict = {}    # torch.dtype -> name, filled on first use
+_TORCH: dict = {}       # name -> torch.dtype
 
 
-def name_of(dtype: torch.dtype) -> str:
+def _fill() -> None:
+    import torch
+    for name, (attr, _, _) in _TABLE.items():
+        _TORCH[name] = getattr(torch, attr)
+        _BY_TORCH[getattr(torch, attr)] = name
+
+
+def name_of(dtype) -> str:
+    try:
+        return _BY_TORCH[dtype]
+    except KeyError:
+        if _BY_TORCH:
+            raise
+    _fill()
     return _BY_TORCH[dtype]
 
 
-def torch_dtype(name: str) -> torch.dtype:
-    return _TABLE[name][0]
+def torch_dtype(name: str):
+    if not _TORCH:
+        _fill()
+    return _TORCH[name]
 
 
 def cpp_type(name: str) -> str:

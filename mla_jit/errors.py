@@ -21,6 +21,24 @@ class InvalidArgumentError(MlaJitError, ValueError):
         super().__init__(f"{argument}: expected {expected}, got {got}")
 
 
+class ConfigError(MlaJitError):
+    """An MLA_JIT_* environment variable has a value mla_jit does not accept (the message names it)."""
+
+
+class FeatureNotAvailableError(MlaJitError, NotImplementedError):
+    """An argument asks for a feature of the peer's API that mla_jit does not serve yet."""
+
+    def __init__(self, argument: str, feature: str):
+        self.argument = argument
+        self.feature = feature
+        super().__init__(f"{argument}: {feature} is not available in mla_jit yet")
+
+
+class ConfigSpecError(MlaJitError, ValueError):
+    """A `FAMILY:field=value,...` kernel spec (`mla-jit prewarm --config`) is malformed or describes a
+    config its family rejects; the message names the field and the values it accepts."""
+
+
 class UnsupportedArchError(MlaJitError):
     """No kernel family serves the requested GPU architecture."""
 
@@ -47,13 +65,16 @@ class CacheError(MlaJitError):
 class OfflineCacheMissError(CacheError):
     """Offline mode is on and the requested kernel is not in any cache root."""
 
-    def __init__(self, kernel: str, key: str, arch: str, prewarm_command: str):
+    def __init__(self, kernel: str, key: str, arch: str, prewarm_command: str, roots: tuple[str, ...] = ()):
         self.kernel = kernel
         self.key = key
         self.arch = arch
         self.prewarm_command = prewarm_command
+        self.roots = tuple(str(r) for r in roots)   # the cache roots searched, in order
+        searched = (f"searched {', '.join(self.roots)}" if self.roots
+                    else "no cache root searched: MLA_JIT_DISABLE_CACHE=1")
         super().__init__(
-            f"MLA_JIT_OFFLINE=1 and kernel {kernel} (key {key}, arch {arch}) is not in the cache; "
+            f"MLA_JIT_OFFLINE=1 and kernel {kernel} (key {key}, arch {arch}) is not in the cache ({searched}); "
             f"build it on a machine that may compile with:\n    {prewarm_command}")
 
 

@@ -24,34 +24,22 @@ for schedule in ws ws_unfused; do
   done
 done
 python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache "${configs[@]}" 2>&1 | tail -n 3
+# A previous commit's package for an interleaved A/B (prepared by scripts/prepare_prev.sh as
+# .prev/mla_jit_prev and carried along): its kernels are built now, in parallel.
+if [ -d .prev/mla_jit_prev ]; then
+  export PYTHONPATH=$PWD/.prev:$PYTHONPATH
+  python3 -m mla_jit_prev.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache --arch sm_90a 2>&1 | tail -n 1
+  BENCH_AGAINST_PACKAGE=${BENCH_AGAINST_PACKAGE:-mla_jit_prev}
+fi
 # The Ampere/Ada family, as the tests force it on this GPU (tuning@target).
 python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache --arch sm_80@sm_90a --arch sm_89@sm_90a \
   2>&1 | tail -n 1
 status=0
 if [ -z "${SKIP_MAIN_TESTS:-}" ]; then
   # A protocol bug in a kernel shows up as a hang, which no in-process timeout can interrupt.
-  timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -q -m gpu -p no:cacheprovider -k "not baseline_schedule and not seesaw_schedule" "$@" \
+  timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" \
     tests 2>&1 | tee "$OUT/pytest.log" | tail -n 60
   status=${PIPESTATUS[0]}
-fi
-# The baseline sm90 schedule (kept for comparison), under its own time limit.
-if [ -n "${BASELINE:-}" ]; then
-  timeout 240 python3 -m pytest -q --maxfail=6 -m gpu -p no:cacheprovider -k baseline_schedule \
-    tests/test_gpu_decode.py 2>&1 | tee "$OUT/pytest_baseline.log" | tail -n 15
-  echo "baseline schedule exit status: ${PIPESTATUS[0]}"
-fi
-# The seesaw sm90 schedule (experimental), under its own time limit.
-if [ -n "${SEESAW:-}" ]; then
-  ss="num_stages=2,schedule=seesaw,head_dim_v=512,block_m=64,block_n=64"
-  python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache \
-    --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=64,$ss" \
-    --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=16,$ss" \
-    --config "mla_decode_sm90:dtype=bf16,head_dim=576,page_size=256,$ss" \
-    --config "mla_decode_sm90:dtype=fp16,head_dim=576,page_size=64,$ss" \
-    --config "mla_decode_sm90:dtype=bf16,head_dim=512,page_size=64,$ss" 2>&1 | tail -n 1
-  timeout "${SEESAW_TIMEOUT:-240}" python3 -m pytest -q --maxfail=6 -m gpu -p no:cacheprovider -k seesaw_schedule \
-    tests/test_gpu_decode.py 2>&1 | tee "$OUT/pytest_seesaw.log" | tail -n 15
-  echo "seesaw schedule exit status: ${PIPESTATUS[0]}"
 fi
 if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
   # A few decode cases (paged tails with NaN, zero lengths, page 16/256, d=512) under memcheck.
@@ -63,8 +51,10 @@ if [ -z "${SKIP_JIT_BENCH:-}" ]; then
   python3 bench/bench_jit.py --json "$OUT/bench_jit.json" 2>&1 | tee "$OUT/bench_jit.log" | tail -n 12
 fi
 if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
-  # BENCH_AGAINST=baseline: the baseline schedule timed too, interleaved call by call, with ratios.
-  python3 bench/bench_decode.py ${BENCH_AGAINST:+--against "$BENCH_AGAINST"} --json "$OUT/bench_decode.json" 2>&1 \
+  # BENCH_AGAINST=ws_unfused: that schedule timed too, interleaved call by call, with ratios;
+  # BENCH_AGAINST_PACKAGE=mla_jit_prev (set above when .prev exists): the previous commit's package.
+  python3 bench/bench_decode.py ${BENCH_AGAINST:+--against "$BENCH_AGAINST"} \
+    ${BENCH_AGAINST_PACKAGE:+--against-package "$BENCH_AGAINST_PACKAGE"} --json "$OUT/bench_decode.json" 2>&1 \
     | tee "$OUT/bench_decode.log" | tail -n 40
   PYTHONPATH=$PWD/bench:$PYTHONPATH python3 bench/profile_host.py 2>&1 | tee "$OUT/profile_host.log"
   if [ -n "${COMPARE_FUSED:-}" ]; then  # fused vs separate combine per shape (the "auto" rule's data)

@@ -23,9 +23,22 @@ def main(out: Path) -> None:
         print(f"decode vs FlashMLA ({report['gpu']}, {kernels}), FlashMLA us / ours; b/s_q/s_k/h_q[c]:")
         for i in range(0, len(cells), 4):
             print("  " + "  ".join(f"{c:24s}" for c in cells[i:i + 4]))
+        host = report["host"]
         print(f"  lowest {worst['ratio']:.3f} at {worst['b']}/{worst['s_q']}/{worst['s_k']}/{worst['h_q']}; "
-              f"host per warm call: decode {report['host']['decode_call_us']:.1f} us, "
-              f"metadata {report['host']['metadata_call_us']:.1f} us")
+              f"host per warm call: decode {host['decode_call_us']:.1f} us, metadata {host['metadata_call_us']:.1f} us"
+              + (f", filled FlashMLASchedMeta {host['decode_call_lazy_schedule_us']:.1f} us"
+                 if "decode_call_lazy_schedule_us" in host else ""))
+        against = [r["against_us"] / r["us"] for r in rows if "against_us" in r]
+        if against:
+            print(f"  against ({report.get('against', 'other')}) us / ours: {min(against):.3f}-{max(against):.3f} "
+                  f"over {len(against)} rows, geomean {_geomean(against):.3f}"
+                  + (f"; its host per warm call: decode {host['against_decode_call_us']:.1f} us"
+                     if "against_decode_call_us" in host else ""))
+
+
+def _geomean(values: list[float]) -> float:
+    import math
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 if __name__ == "__main__":

@@ -35,8 +35,21 @@ def cache_root(tmp_path, monkeypatch):
 
 @pytest.fixture(params=["nvrtc", "nvcc"])
 def compiler_env(request, monkeypatch):
+    if request.param == "nvcc":
+        from .helpers import require_nvcc
+        require_nvcc()
     monkeypatch.setenv("MLA_JIT_COMPILER", request.param)
     return request.param
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """tempfile.gettempdir() (where the per-user fallback cache root lives) as a fresh directory."""
+    import tempfile
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
 
 
 def pytest_report_header(config):

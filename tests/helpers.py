@@ -1,4 +1,7 @@
 """Small helpers shared by the CPU tests."""
+import pytest
+
+from mla_jit.errors import MlaJitError
 from mla_jit.jit.arch import resolve_for_build
 from mla_jit.runtimes import registry
 
@@ -10,3 +13,12 @@ def toy_source(dtype: str = "fp32"):
     family = registry.get("tile_copy")
     from mla_jit.configs.toy import tile_copy_config
     return family.source(tile_copy_config(dtype, SM90.tuning), SM90)
+
+
+def require_nvcc() -> str:
+    """nvcc's path, or skip the calling test (with the reason) on a machine without nvcc."""
+    from mla_jit.jit.compiler import get_compiler
+    try:
+        return get_compiler("nvcc").executable()
+    except MlaJitError as exc:
+        pytest.skip(f"needs nvcc: {exc}")

@@ -19,7 +19,7 @@ from mla_jit.jit import build as build_mod
 from mla_jit.jit.build import build, kernel_key
 from mla_jit.jit.compiler import get_compiler
 
-from .helpers import toy_source
+from .helpers import require_nvcc, toy_source
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,6 +31,10 @@ def _key(src=None):
 def test_key_is_stable_and_content_only():
     assert _key() == _key()
     assert _key(toy_source("fp32")) != _key(toy_source("bf16"))
+
+
+def test_key_depends_on_the_compiler():
+    require_nvcc()
     assert kernel_key(toy_source(), get_compiler("nvcc")) != _key()
 
 
@@ -42,11 +46,56 @@ def test_changed_header_changes_key(tmp_path):
     header = include / "mla_jit" / "common" / "sm90.cuh"
     header.write_text(header.read_text() + "\n// changed\n")
     cache_key.clear_memo()
-    assert cache_key.header_digest(source, include) != before
-    # A header the source cannot include does not change its key.
-    (include / "mla_jit" / "unrelated.cuh").write_text("// not included by the toy kernel\n")
+    changed = cache_key.header_digest(source, include)
+    assert changed != before
+
+
+def test_unrelated_header_leaves_the_key_alone(tmp_path):
+    """A header the source cannot reach (even one under our include dir) does not enter its digest:
+    the digest after adding it equals the digest computed before."""
+    include = tmp_path / "include"
+    shutil.copytree(REPO / "mla_jit" / "include", include)
+    source = toy_source().source
     cache_key.clear_memo()
-    assert cache_key.header_digest(source, include) == cache_key.header_digest(source, include)
+    before = cache_key.header_digest(source, include)
+    (include / "mla_jit" / "unrelated.cuh").write_text("// not included by the toy kernel\n")
+    (include / "mla_jit" / "toy" / "unrelated_sibling.cuh").write_text("// a sibling, not included\n")
+    cache_key.clear_memo()
+    after = cache_key.header_digest(source, include)
+    assert after == before
+    # The check can fail: including the new header does change the digest.
+    cache_key.clear_memo()
+    assert cache_key.header_digest(source + '#include "mla_jit/unrelated.cuh"\n', include) != before
+
+
+def test_header_digest_is_memoized_and_cleared(tmp_path):
+    include = tmp_path / "include"
+    shutil.copytree(REPO / "mla_jit" / "include", include)
+    source = '#include "mla_jit/toy/tile_copy.cuh"\n'
+    cache_key.clear_memo()
+    before = cache_key.header_digest(source, include)
+    header = include / "mla_jit" / "toy" / "tile_copy.cuh"
+    header.write_text(header.read_text() + "\n// changed\n")
+    assert cache_key.header_digest(source, include) == before   # memoized: not re-read
+    cache_key.clear_memo()
+    assert cache_key.header_digest(source, include) != before
+
+
+def test_third_party_version_files_enter_the_digest_by_label(tmp_path):
+    include = tmp_path / "include"
+    shutil.copytree(REPO / "mla_jit" / "include", include)
+    a, b = tmp_path / "a" / "version.h", tmp_path / "b" / "version.h"
+    for f in (a, b):
+        f.parent.mkdir()
+        f.write_text("#define V 1\n")
+    source = toy_source().source
+    cache_key.clear_memo()
+    assert cache_key.header_digest(source, include, [("lib/version.h", a)]) == \
+        cache_key.header_digest(source, include, [("lib/version.h", b)])       # no path in the digest
+    b.write_text("#define V 2\n")
+    cache_key.clear_memo()
+    assert cache_key.header_digest(source, include, [("lib/version.h", a)]) != \
+        cache_key.header_digest(source, include, [("lib/version.h", b)])
 
 
 def test_header_included_by_relative_path_is_part_of_the_key(tmp_path):
@@ -142,18 +191,65 @@ def test_readonly_root_is_used(cache_root, tmp_path, monkeypatch):
     assert not list((tmp_path / "empty").rglob("kernel.cubin"))
 
 
-def test_unwritable_root_falls_back_with_one_warning(tmp_path, monkeypatch, caplog):
+def test_unwritable_root_falls_back_with_one_warning(tmp_path, monkeypatch, caplog, private_tmp):
+    """An op falls back to ONE private root per user, reused by every process (here: two builds with
+    the in-process memo cleared in between), with one warning."""
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("MLA_JIT_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.delenv("MLA_JIT_OFFLINE", raising=False)
     build_mod.clear_memo()
+    build_mod._warned.clear()
     with caplog.at_level("WARNING", logger="mla_jit"):
         binary = build(toy_source())
-        store.writable_root()
-    assert binary.origin == "compiled" and binary.path.is_dir()
-    assert not str(binary.path).startswith(str(blocker))
-    assert sum("not writable" in r.getMessage() for r in caplog.records) == 1
+        build_mod.target_root()
+        build_mod.clear_memo()
+        again = build(toy_source())
+    fallback = private_tmp / f"mla_jit-cache-{os.getuid()}"
+    assert binary.origin == "compiled" and binary.path.is_dir() and binary.path.parent.parent == fallback
+    assert again.origin == "disk" and again.path == binary.path      # the same root, not a new one
+    assert oct(fallback.stat().st_mode & 0o777) == "0o700"
+    assert [p.name for p in private_tmp.iterdir()] == [fallback.name]  # no other temporary root
+    warnings = [r.getMessage() for r in caplog.records if "not usable" in r.getMessage()]
+    assert len(warnings) == 1 and str(blocker) in warnings[0] and str(fallback) in warnings[0]
     build_mod.clear_memo()
+
+
+@pytest.mark.parametrize("problem", ["open_to_others", "symlink", "other_owner"])
+def test_fallback_root_is_checked(tmp_path, monkeypatch, private_tmp, problem):
+    fallback = private_tmp / f"mla_jit-cache-{os.getuid()}"
+    if problem == "open_to_others":
+        fallback.mkdir(mode=0o700)
+        fallback.chmod(0o777)
+    elif problem == "symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        fallback.symlink_to(tmp_path / "elsewhere")
+    else:
+        if os.getuid() != 0:
+            pytest.skip("needs root to give the directory to another user")
+        fallback.mkdir(mode=0o700)
+        os.chown(fallback, 4242, -1)
+    with pytest.raises(mla_jit.CacheError, match=str(fallback)):
+        store.private_temp_root()
+
+
+def test_missing_readonly_root_warns_once_per_path(cache_root, tmp_path, monkeypatch, caplog):
+    missing_a, missing_b = tmp_path / "missing_a", tmp_path / "missing_b"
+    monkeypatch.setenv("MLA_JIT_READONLY_CACHE_DIRS", f"{missing_a}{os.pathsep}{missing_b}")
+    build_mod._warned.clear()
+    with caplog.at_level("WARNING", logger="mla_jit"):
+        for _ in range(3):
+            roots = build_mod.cache_roots()
+    assert [r.path for r in roots] == [cache_root]
+    messages = [r.getMessage() for r in caplog.records if "MLA_JIT_READONLY_CACHE_DIRS" in r.getMessage()]
+    assert len(messages) == 2
+    assert str(missing_a) in messages[0] and str(missing_b) in messages[1]
+
+
+def test_bad_lock_timeout_is_a_typed_error_naming_the_variable(cache_root, monkeypatch):
+    monkeypatch.setenv("MLA_JIT_LOCK_TIMEOUT", "abc")
+    with pytest.raises(mla_jit.ConfigError, match="MLA_JIT_LOCK_TIMEOUT"):
+        build(toy_source())
 
 
 def test_offline_mode_raises_with_prewarm_command_which_works(cache_root, monkeypatch, capsys):
@@ -165,14 +261,14 @@ def test_offline_mode_raises_with_prewarm_command_which_works(cache_root, monkey
     err = info.value
     assert err.prewarm_command == src.prewarm_command and err.prewarm_command in str(err)
     assert src.name in str(err)
+    assert err.roots[0] == str(cache_root) and str(cache_root) in str(err)   # where it looked
     assert not list(cache_root.rglob("kernel.cubin"))
     # The command in the error, run as printed, produces exactly the missing kernel.
     import shlex
     argv = shlex.split(err.prewarm_command)
     assert argv[0] == "mla-jit"
-    monkeypatch.setenv("MLA_JIT_OFFLINE", "0")
+    # prewarm compiles whatever MLA_JIT_OFFLINE says (it governs ops only).
     assert cli.main(argv[1:] + ["--jobs", "1"]) == 0
-    monkeypatch.setenv("MLA_JIT_OFFLINE", "1")
     build_mod.clear_memo()
     assert build(src).origin == "disk"
 

@@ -56,6 +56,7 @@ def test_prewarm_presets_and_errors(cli_env):
 
 
 def test_clear_asks_for_confirmation(cli_env):
+    os.makedirs(cli_env["MLA_JIT_CACHE_DIR"])   # a missing root has nothing to clear: no question
     proc = subprocess.run([shutil.which("mla-jit"), "clear"], input="n\n", capture_output=True, text=True,
                           env={**os.environ, **cli_env})
     assert proc.returncode == 1 and "nothing removed" in proc.stdout

@@ -26,56 +26,61 @@ def test_every_supported_config_renders():
     family = registry.get("mla_decode_sm90")
     names = set()
     for dtype, (d, dv), page in itertools.product(("bf16", "fp16"), SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES):
-        for schedule, struct, tail, combine in (("ws", "SplitKVWsConfig", "3, true, 1>", False),
-                                                ("ws_unfused", "SplitKVWsConfig", "3, false, 1>", True),
-                                                ("baseline", "SplitKVConfig", "2>", True),
-                                                ("seesaw", "SplitKVSeesawConfig", "2>", True)):
+        for schedule, tail, combine in (("ws", "3, true, 1>", False), ("ws_unfused", "3, false, 1>", True)):
             cfg = decode_config(dtype, d, dv, page, SM90.tuning, schedule)
             src = family.source(cfg, SM90)
-            assert f"{struct}<cutlass::{'bfloat16_t' if dtype == 'bf16' else 'half_t'}, {d}, {dv}," in src.source
+            assert f"SplitKVWsConfig<cutlass::{'bfloat16_t' if dtype == 'bf16' else 'half_t'}, {d}, {dv}," in src.source
             assert f"{page}, 64, 64, {tail}" in src.source
             # The fused-combine kernel ships without the combine kernel.
             assert ("mla_jit_decode_combine(" in src.source) == combine
             assert family.entry_points(cfg)[1:] == (("mla_jit_decode_combine",) if combine else ())
             names.add(src.name)
-    assert len(names) == 4 * 2 * len(SUPPORTED_HEAD_DIMS) * len(SUPPORTED_PAGE_SIZES)
+    assert len(names) == 2 * 2 * len(SUPPORTED_HEAD_DIMS) * len(SUPPORTED_PAGE_SIZES)
     assert decode_config("bf16", 576, 512, 64, SM90.tuning).schedule == "ws"  # the default
-    assert "64, 64, 3, false, 1>" in family.source(decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused"),
-                                                   SM90).source
     clustered = decode_config("bf16", 576, 512, 64, SM90.tuning, "ws", 2)
     assert "64, 64, 3, true, 2>" in family.source(clustered, SM90).source and clustered.cluster == (1, 1, 2)
     assert decode_config("bf16", 576, 512, 64, SM90.tuning, "ws").cluster is None
-    with pytest.raises(ValueError, match="cluster_m"):
-        decode_config("bf16", 576, 512, 64, SM90.tuning, "seesaw", 2)
-    with pytest.raises(ValueError, match="cluster_m"):  # also a config built from a prewarm --config spec
-        DecodeConfig("bf16", 576, 512, 64, 64, 64, 3, "baseline", cluster_m=2)
-    with pytest.raises(ValueError, match="cluster_m"):
-        decode_config("bf16", 576, 512, 64, SM90.tuning, "ws", 4)
+
+
+@pytest.mark.parametrize("field,value,match", [("schedule", "baseline", "schedule"), ("cluster_m", 4, "cluster_m"),
+                                               ("page_size", 48, "page_size"), ("head_dim_v", 128, "head_dim"),
+                                               ("num_stages", 2, "num_stages"), ("dtype", "fp32", "dtype")])
+def test_decode_config_rejects_values_no_kernel_serves(field, value, match):
+    """A config built by hand or from a prewarm --config spec is checked when constructed."""
+    import dataclasses
+
+    import mla_jit
+    good = decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused", 2)
+    with pytest.raises(mla_jit.InvalidArgumentError, match=match):
+        dataclasses.replace(good, **{field: value})
 
 
 def test_cluster_size_divides_the_row_tiles(monkeypatch):
     from mla_jit.configs.decode import cluster_m_for
-    from mla_jit.errors import MlaJitError
+    from mla_jit.errors import ConfigError
     from mla_jit.jit import env
+    from mla_jit.runtimes import decode_plan
     assert [cluster_m_for(t) for t in (1, 2, 3, 4, 8)] == [1, 2, 1, 2, 2]   # auto: pairs of row tiles
     assert [cluster_m_for(t, "2") for t in (1, 2, 3, 4, 8)] == [1, 2, 1, 2, 2]
     assert [cluster_m_for(t, "1") for t in (2, 4)] == [1, 1]
     monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", "4")  # 33 clusters of 4 do not fit 132 SMs: not offered
-    with pytest.raises(MlaJitError, match="MLA_JIT_SM90_CLUSTER"):
-        env.sm90_cluster()
+    with pytest.raises(ConfigError, match="MLA_JIT_SM90_CLUSTER"):
+        env.choice("MLA_JIT_SM90_CLUSTER")
     monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", "1")
-    assert env.plan_inputs()[2] in ("1", b"1")  # part of the plan key
+    assert decode_plan.plan_env()[2] in ("1", b"1")  # part of the plan key
 
 
 def test_schedule_env_var_is_part_of_the_plan_key(monkeypatch):
-    from mla_jit.errors import MlaJitError
+    from mla_jit.errors import ConfigError
     from mla_jit.jit import env
+    from mla_jit.runtimes import decode_plan
     monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", "ws_unfused")
-    assert env.sm90_decode_schedule() == "ws_unfused"
-    assert env.plan_inputs()[1] in ("ws_unfused", b"ws_unfused")  # raw environ value: another value, another plan
-    monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", "fastest")
-    with pytest.raises(MlaJitError, match="MLA_JIT_SM90_DECODE_SCHEDULE"):
-        env.sm90_decode_schedule()
+    assert env.choice("MLA_JIT_SM90_DECODE_SCHEDULE") == "ws_unfused"
+    assert decode_plan.plan_env()[1] in ("ws_unfused", b"ws_unfused")  # raw value: another value, another plan
+    for retired in ("fastest", "baseline", "seesaw"):
+        monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", retired)
+        with pytest.raises(ConfigError, match="MLA_JIT_SM90_DECODE_SCHEDULE"):
+            env.choice("MLA_JIT_SM90_DECODE_SCHEDULE")
 
 
 def test_prewarm_covers_every_preset():
@@ -122,9 +127,7 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning)),
                              ("mla_decode_sm90", decode_config("bf16", 512, 512, 16, SM90.tuning)),
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused")),
-                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 16, SM90.tuning, "ws_unfused", 2)),
-                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "baseline")),
-                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "seesaw"))):
+                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 16, SM90.tuning, "ws_unfused", 2))):
         family = registry.get(family_name)
         binary = build(family.source(cfg, SM90))
         for entry in family.entry_points(cfg):
@@ -296,13 +299,13 @@ def test_decode_launch_geometry(tuning, override, rows, expect, monkeypatch):
     import torch
 
     from mla_jit.jit.arch import ArchPair, parse_arch
-    from mla_jit.ops import decode as op
+    from mla_jit.runtimes import decode_plan as runtime
     arch = ArchPair(parse_arch(tuning), parse_arch("sm_90a"))
-    monkeypatch.setattr(op, "resolve_for_device", lambda device: arch)
     monkeypatch.setenv("MLA_JIT_ARCH", override)
     monkeypatch.delenv("MLA_JIT_SM90_CLUSTER", raising=False)
     monkeypatch.delenv("MLA_JIT_SM90_DECODE_SCHEDULE", raising=False)
-    monkeypatch.setattr(op, "read_global_int32", lambda binary, symbol, device: (symbol, 1234))
+    monkeypatch.setattr(runtime, "read_global_int32", lambda binary, symbol, device: (symbol, 1234))
+    monkeypatch.setattr(runtime, "_smem_bytes", {})
     calls = []
     for name in ("mla_decode_sm90", "mla_decode_sm80"):
         family = registry.get(name)
@@ -310,7 +313,7 @@ def test_decode_launch_geometry(tuning, override, rows, expect, monkeypatch):
         monkeypatch.setattr(family, "launcher", lambda *a, **k: calls.append((a, k)) or len(calls))
         monkeypatch.setattr(family, "kernel", lambda *a: None)
     resident = []  # clusters the GPU keeps resident at once, as cuOccupancyMaxActiveClusters would say
-    monkeypatch.setattr(op, "max_active_clusters", lambda kernel, grid, block, smem, cluster: resident[0])
+    monkeypatch.setattr(runtime, "max_active_clusters", lambda kernel, grid, block, smem, cluster: resident[0])
     q = torch.zeros(3, 1, rows, 576, dtype=torch.bfloat16)
     k_cache = torch.zeros(4, 64, 1, 576, dtype=torch.bfloat16)
     family_name, row_tiles, threads, want_box = expect
@@ -321,7 +324,8 @@ def test_decode_launch_geometry(tuning, override, rows, expect, monkeypatch):
                                                            (7, 6)):
         calls.clear()
         resident[:] = [fits]
-        splitkv, combine, box, plan_row_tiles = op._decode_plan(q, k_cache, 512, 7, max_seq_tokens)
+        splitkv, combine, box, plan_row_tiles = runtime._kernels(tuple(q.shape), "bf16", 512, 64, 1, 7,
+                                                                 max_seq_tokens, 576 * 2, arch, 0)
         (sk_args, sk_kw), *combine_calls = calls
         assert sk_args[2] == registry.get(family_name).SPLITKV
         assert sk_args[5:7] == ((7, 1, row_tiles), (threads, 1, 1)) and plan_row_tiles == row_tiles
@@ -340,27 +344,31 @@ def test_detected_ampere_or_ada_gets_the_sm80_family_without_override(monkeypatc
     import torch
 
     from mla_jit.jit.arch import ArchPair, parse_arch
-    from mla_jit.ops import decode as op
-    monkeypatch.setattr(op, "resolve_for_device", lambda device: ArchPair(parse_arch("sm_89"), parse_arch("sm_89")))
+    from mla_jit.runtimes import decode_plan as runtime
+    monkeypatch.setattr(runtime, "resolve_for_device", lambda device: ArchPair(parse_arch("sm_89"), parse_arch("sm_89")))
     monkeypatch.delenv("MLA_JIT_ARCH", raising=False)
-    monkeypatch.setattr(op, "read_global_int32", lambda binary, symbol, device: 1234)
+    monkeypatch.setattr(runtime, "read_global_int32", lambda binary, symbol, device: 1234)
+    monkeypatch.setattr(runtime, "_smem_bytes", {})
     family = registry.get("mla_decode_sm80")
     monkeypatch.setattr(family, "binary", lambda cfg, arch: None)
     calls = []
     monkeypatch.setattr(family, "launcher", lambda *a, **k: calls.append((a, k)) or len(calls))
     q = torch.zeros(1, 1, 16, 576, dtype=torch.bfloat16)
-    _, _, box, _ = op._decode_plan(q, torch.zeros(1, 64, 1, 576, dtype=torch.bfloat16), 512, 1, 4096)
+    k_cache = torch.zeros(1, 64, 1, 576, dtype=torch.bfloat16)
+    block_table = torch.zeros(1, 64, dtype=torch.int32)
+    plan = runtime.DecodePlan(q, k_cache, block_table, 512, 1)
+    box = plan.box
     assert box is None and calls[0][0][2] == family.SPLITKV
     assert calls[1][1]["pdl"] is False  # no programmatic dependent launch below sm_90
 
 
 def test_batch_limit_of_32_bit_output_offsets():
     import mla_jit
-    from mla_jit.ops.decode import _check_output_offsets
-    _check_output_offsets((8000, 4, 128, 576), 132, 512)         # (8000 + 132) * 4 * 128 * 512 < 2^31
-    _check_output_offsets((200_000, 1, 16, 576), 132, 512)       # fewer heads: larger batches
+    from mla_jit.ops.decode import check_output_offsets
+    check_output_offsets((8000, 4, 128, 576), 132, 512)         # (8000 + 132) * 4 * 128 * 512 < 2^31
+    check_output_offsets((200_000, 1, 16, 576), 132, 512)       # fewer heads: larger batches
     with pytest.raises(mla_jit.InvalidArgumentError, match="q"):
-        _check_output_offsets((8192, 4, 128, 576), 132, 512)
+        check_output_offsets((8192, 4, 128, 576), 132, 512)
 
 
 def test_kv_descriptor_promotes_l2_fills_to_one_box_row(monkeypatch):
@@ -369,13 +377,12 @@ def test_kv_descriptor_promotes_l2_fills_to_one_box_row(monkeypatch):
     import torch
 
     from mla_jit.jit import tma
-    from mla_jit.ops import decode as op
+    from mla_jit.runtimes import decode_plan as runtime
     seen = []
     monkeypatch.setattr(tma, "tiled", lambda tensor, box, swizzle=0, l2_promotion=None: seen.append(
         (tuple(tensor.shape), tuple(box), swizzle, l2_promotion)) or object())
-    registry.get("mla_decode_sm90").descriptors.clear()
+    monkeypatch.setattr(runtime, "_descriptors", {})
     k_cache = torch.zeros(3, 64, 1, 576, dtype=torch.bfloat16)
-    op._kv_descriptor(k_cache, ("test", k_cache.data_ptr()), (64, 1, 64))
-    registry.get("mla_decode_sm90").descriptors.clear()
+    runtime.kv_descriptor(k_cache, ("test", k_cache.data_ptr()), (64, 1, 64))
     assert seen == [((3 * 64, 1, 576), (64, 1, 64), 128, 128)]
     assert tma.TmaSpec(torch.bfloat16, (64, 64), (64,), (64, 8)).l2_promotion == 128

@@ -51,8 +51,14 @@ def _poison_allocator(*shapes_dtypes):
         torch.full(shape, float("nan"), dtype=dtype, device="cuda")
 
 
-def _run(case: DecodeCase, q, k_cache, block_table, lens):
-    metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
+def _run(case: DecodeCase, q, k_cache, block_table, lens, api: str = "tensors"):
+    """One call through FlashMLA's long-standing API ("tensors": get_mla_metadata(...) returns the
+    schedule) or its current one ("lazy": get_mla_metadata() returns an empty FlashMLASchedMeta
+    that the call fills)."""
+    if api == "lazy":
+        metadata, num_splits = mla_jit.get_mla_metadata()
+    else:
+        metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
     _poison_allocator(((case.b, case.s_q, case.h_q, case.dv), case.dtype), ((case.b, case.h_q, case.s_q),
                                                                             torch.float32))
     return mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, case.dv, metadata, num_splits,
@@ -77,10 +83,11 @@ def assert_decode_close(out, lse, ref_out, ref_lse):
     assert lse_close[finite].all(), f"lse max abs err {(lse - ref_lse)[finite].abs().max():.3g}"
 
 
+@pytest.mark.parametrize("api", ["tensors", "lazy"])
 @pytest.mark.parametrize("case", _grid(), ids=str)
-def test_decode_matches_reference(case):
+def test_decode_matches_reference(case, api):
     q, k_cache, block_table, lens = make_inputs(case, seed=case_seed(case))
-    out, lse = _run(case, q, k_cache, block_table, lens)
+    out, lse = _run(case, q, k_cache, block_table, lens, api)
     torch.cuda.synchronize()
     ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, lens, case.dv, causal=case.causal)
     assert out.shape == (case.b, case.s_q, case.h_q, case.dv) and out.dtype == case.dtype
@@ -253,28 +260,6 @@ def test_sm80_family_matches_reference(tuning, case, monkeypatch):
     _check_case(case)
 
 
-@pytest.mark.parametrize("case", [DecodeCase(1, 1, s_k, 16) for s_k in (1, 63, 64, 65, 128, 129, 192)]
-                         + _sm80_grid(), ids=str)
-def test_baseline_schedule_matches_reference(case, monkeypatch):
-    """The first sm90 split-KV schedule (MLA_JIT_SM90_DECODE_SCHEDULE=baseline), kept for comparison."""
-    monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", "baseline")
-    _check_case(case)
-
-
-@pytest.mark.parametrize("case", [DecodeCase(1, 1, s_k, 16) for s_k in (1, 63, 64, 65, 128, 129, 192)]
-                         + [DecodeCase(1, 2, 300, 128, 1, False, True), DecodeCase(3, 1, 9000, 64, 1, True, False),
-                            DecodeCase(128, 1, 4096, 16, 1, True, False, zero_lens=True),
-                            DecodeCase(2, 4, 16384, 128, 1, True, True, page=16),
-                            DecodeCase(4, 1, 8192, 63, 1, True, False, zero_lens=True),
-                            DecodeCase(1024, 4, 64, 128, 1, True, True)]
-                         + _sm80_grid(), ids=str)
-def test_seesaw_schedule_matches_reference(case, monkeypatch):
-    """The two-S-warpgroup sm90 schedule (MLA_JIT_SM90_DECODE_SCHEDULE=seesaw): tiles alternate
-    between two math warpgroups, one-tile pieces, pieces that start on either warpgroup."""
-    monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", "seesaw")
-    _check_case(case)
-
-
 def _growing_scores_inputs(case: DecodeCase, rise: float):
     """Seeded inputs whose q . k grows along each sequence by about `rise` (natural units, at
     softmax_scale 1): q and every key get a shared direction, keys in proportion to their position.
@@ -292,7 +277,7 @@ def _growing_scores_inputs(case: DecodeCase, rise: float):
     return q, k_cache, block_table, lens
 
 
-@pytest.mark.parametrize("schedule", ["auto", "ws", "ws_unfused", "seesaw"])
+@pytest.mark.parametrize("schedule", ["auto", "ws", "ws_unfused"])
 @pytest.mark.parametrize("case", [DecodeCase(3, 1, 5000, 64, 1, True, False), DecodeCase(2, 2, 3000, 128, 1, False, True),
                                   DecodeCase(5, 1, 700, 16, 1, True, False, page=16)], ids=str)
 def test_scores_growing_along_the_sequence(schedule, case, monkeypatch):
@@ -313,7 +298,7 @@ def test_fused_combine_leaves_its_counters_zero(monkeypatch):
     """The fused combine's arrival counters (one per batch, KV head and row tile) are zero again
     after every call: the next call on the stream relies on it. Many splits per batch, two row
     tiles and two KV heads, three calls in a row."""
-    from mla_jit.ops import workspace
+    from mla_jit.runtimes import workspace
     monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", "ws")  # "auto" would not fuse this shape
     case = DecodeCase(3, 2, 20000, 128, 2, True, True)
     inputs = make_inputs(case, seed=5)
@@ -382,7 +367,7 @@ def test_clustered_launch_is_used_where_asked(cluster, want, monkeypatch):
     """The plan of this very call launches clusters of 2 when asked: every cluster of the one-wave
     grid is resident on an H100 / H200 (66 clusters of 2 on 132 SMs), so there is no fallback."""
     from mla_jit.ops import decode as op
-    from mla_jit.runtimes import registry
+    from mla_jit.runtimes import decode_plan
     monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", cluster)
     case = DecodeCase(5, 1, 3000, 128, 1, True, False)  # 2 row tiles
     q, k_cache, block_table, lens = make_inputs(case, seed=case_seed(case))
@@ -392,4 +377,4 @@ def test_clustered_launch_is_used_where_asked(cluster, want, monkeypatch):
     ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, lens, case.dv)
     assert_decode_close(out, lse, ref_out, ref_lse)
     signature = op._signature(q, k_cache, block_table, lens, case.dv, metadata, num_splits)
-    assert registry.get("mla_decode_sm90").plans[signature].splitkv.cluster == want
+    assert decode_plan.decode_plans[signature].splitkv.cluster == want

@@ -10,8 +10,11 @@ pytestmark = pytest.mark.gpu
 
 
 def _fresh_families():
-    """Drop the families' loaded kernels so the next call goes through build/load again."""
+    """Drop the families' loaded kernels and the toy ops' plans, so the next call goes through
+    build/load again (with the compiler this test asks for)."""
     registry.reset_all()
+    toy._plans.clear()
+    toy.descriptors.clear()
 
 
 @pytest.fixture(autouse=True)
@@ -133,3 +136,24 @@ def test_launch_failure_raises_launch_error():
     with pytest.raises(mla_jit.LaunchError, match="mla_jit_tile_copy"):
         too_many_threads(torch.cuda.current_stream().cuda_stream, tma.tiled(src, (64, 64)), src.data_ptr(),
                          64, 64, 0.0)
+
+
+def test_out_argument_op_under_torch_compile_and_opcheck():
+    """The worked example of an op with `out=` (the torch op mutates `out`, declared in its schema):
+    torch.compile(fullgraph=True) gives the eager result, and opcheck passes."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    src = torch.randn(200, 136, device="cuda")
+
+    def step(x, buf):
+        toy.tile_copy(x * 2, 0.25, out=buf)
+        return buf + 1
+
+    eager = step(src, torch.empty_like(src))
+    buf = torch.full_like(src, float("nan"))
+    compiled = torch.compile(step, fullgraph=True)(src, buf)
+    torch.cuda.synchronize()
+    assert dict(counters["graph_break"]) == {}
+    assert torch.equal(compiled, eager) and torch.equal(buf, src * 2 + 0.25)
+    torch.library.opcheck(torch.ops.mla_jit.tile_copy_out.default, (src, 0.5, torch.empty_like(src)))

@@ -3,6 +3,9 @@
 key = sha256(rendered source, entry points, digest of every header the source can include,
 compiler identity, binary-affecting flags, target and tuning arch, key schema). No filesystem
 path enters the key, so a relocated package or a copied cache root still hits.
+
+This package knows nothing of the JIT core or of kernel families: the include directory and the
+third-party version files are handed in by the caller (jit/build.py).
 """
 from __future__ import annotations
 
@@ -11,8 +14,7 @@ import hashlib
 import posixpath
 import re
 from pathlib import Path
-
-from ..jit import paths
+from typing import Iterable
 
 KEY_SCHEMA = "mla_jit-cache-v1"
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.MULTILINE)
@@ -55,37 +57,41 @@ def _reachable_headers(source: str, include_dir: Path) -> list[tuple[str, str]]:
     return sorted(seen.items())
 
 
-def _third_party_versions() -> bytes:
-    """CUTLASS, CCCL and CUDA runtime header versions: a version file stands for its whole tree."""
+ThirdParty = tuple[tuple[str, Path], ...]
+
+
+@functools.lru_cache(maxsize=None)
+def _third_party_digest(files: ThirdParty) -> str:
+    """Digest of third-party header versions, given as (label, version file) pairs (e.g. CUTLASS's
+    cutlass/version.h): a version file stands for its whole tree."""
     parts = []
-    for base, rel in ((paths.cutlass_include_dir(), "cutlass/version.h"),
-                      (paths.cccl_include_dir(), "cuda/std/__cccl/version.h"),
-                      (paths.cuda_include_dir(), "cuda_runtime_api.h")):
-        f = base / rel
-        parts.append(rel.encode() + b"=" + (hashlib.sha256(f.read_bytes()).hexdigest().encode() if f.is_file()
-                                          else b"missing"))
-    return b";".join(parts)
+    for label, f in files:
+        parts.append(label.encode() + b"=" + (hashlib.sha256(f.read_bytes()).hexdigest().encode() if f.is_file()
+                                            else b"missing"))
+    return hashlib.sha256(b";".join(parts)).hexdigest()
 
 
-@functools.lru_cache(maxsize=1)
-def _third_party_digest() -> str:
-    return hashlib.sha256(_third_party_versions()).hexdigest()
-
-
-def header_digest(source: str, include_dir: Path | None = None) -> str:
-    """Digest of every header of ours `source` can include (recursively, by content) plus the
-    CUTLASS/CCCL/CUDA header versions. Header contents are read once per process."""
+@functools.lru_cache(maxsize=1024)
+def _header_digest(source: str, include_dir: Path, third_party: ThirdParty) -> str:
     h = hashlib.sha256()
-    for rel, digest in _reachable_headers(source, include_dir or paths.INCLUDE_DIR):
+    for rel, digest in _reachable_headers(source, include_dir):
         h.update(f"{rel}={digest};".encode())
-    h.update(_third_party_digest().encode())
+    h.update(_third_party_digest(third_party).encode())
     return h.hexdigest()
 
 
+def header_digest(source: str, include_dir: Path, third_party: Iterable[tuple[str, Path]] = ()) -> str:
+    """Digest of every header under `include_dir` that `source` can include (recursively, by content)
+    plus the third-party version files ((label, path) pairs; the label, not the path, enters the
+    digest). Header contents and digests are memoized per process: `clear_memo()` forgets them."""
+    return _header_digest(source, Path(include_dir), tuple((str(k), Path(v)) for k, v in third_party))
+
+
 def clear_memo() -> None:
-    """Forget header contents read so far (tests that edit headers call this)."""
+    """Forget header contents and digests computed so far (tests that edit headers call this)."""
     _own_header.cache_clear()
     _third_party_digest.cache_clear()
+    _header_digest.cache_clear()
 
 
 def compute_key(*, source: str, entry_points: tuple[str, ...], compiler_identity: str,

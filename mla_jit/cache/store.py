@@ -7,6 +7,9 @@
   is reported as a miss (and replaced by the next compile), never trusted.
 - One compile per key across processes: `key_lock` is an fcntl lock, released by the kernel
   when its holder dies, so a killed process never leaves a lock that blocks the next one.
+
+Roots, the lock timeout and every other setting are arguments: this package reads no environment
+variable and knows nothing of the JIT core (jit/build.py decides which roots to use).
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -23,7 +27,6 @@ from pathlib import Path
 import filelock
 
 from ..errors import CacheError
-from ..jit import env
 from ..log import logger
 
 MANIFEST = "manifest.json"
@@ -48,40 +51,82 @@ class CacheEntry:
     cubin: bytes
 
 
-_fallback_root: Path | None = None
-_warned_unwritable: set[str] = set()
+def _describe(exc: OSError) -> str:
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
 
 
-def _ensure_writable(path: Path) -> bool:
+def root_problem(path: Path) -> str | None:
+    """Why `path` cannot serve as a writable cache root, or None if it can (it is a writable
+    directory, or a missing one that could be created). Creates nothing (for `mla-jit list`)."""
+    probe = Path(path)
+    if probe.exists():
+        if not probe.is_dir():
+            return f"{probe} is not a directory"
+        if not os.access(probe, os.W_OK | os.X_OK):
+            return f"{probe} is not writable"
+        return None
+    parent = probe.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{probe} does not exist and {parent} is not writable"
+    return None
+
+
+_verified: set[str] = set()
+
+
+def open_root(path: Path) -> CacheRoot:
+    """`path` as a writable cache root: created (0700) if missing and checked by writing a probe file
+    (once per process and path). Raises CacheError naming the directory and why it is unusable."""
+    path = Path(path)
+    if str(path) in _verified and path.is_dir():
+        return CacheRoot(path, True)
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         probe = path / f".probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         probe.write_bytes(b"")
         probe.unlink()
-        return True
-    except OSError:
-        return False
+    except OSError as exc:
+        detail = exc.strerror or str(exc)
+        if exc.filename and str(exc.filename) != str(path):
+            detail += f": {exc.filename}"
+        reason = root_problem(path) or f"cannot create or write it ({detail})"
+        err = CacheError(f"cache directory {path} is not usable: {reason}")
+        err.path, err.reason = path, reason
+        raise err from None
+    _verified.add(str(path))
+    return CacheRoot(path, True)
 
 
-def writable_root() -> CacheRoot:
-    """The writable root; an unwritable one falls back (with one warning) to a private temp root."""
-    global _fallback_root
-    wanted = env.cache_dir()
-    if _ensure_writable(wanted):
-        return CacheRoot(wanted, True)
-    if str(wanted) not in _warned_unwritable:
-        _warned_unwritable.add(str(wanted))
-        logger.warning("mla_jit cache dir %s is not writable; using a private temporary cache "
-                       "(set MLA_JIT_CACHE_DIR to a writable directory to keep kernels)", wanted)
-    if _fallback_root is None or not _fallback_root.is_dir():
-        _fallback_root = Path(tempfile.mkdtemp(prefix="mla_jit-cache-"))
-    return CacheRoot(_fallback_root, True)
+def private_temp_root_path() -> Path:
+    """Where `private_temp_root` lives (nothing is created)."""
+    return Path(tempfile.gettempdir()) / f"mla_jit-cache-{os.getuid()}"
 
 
-def all_roots() -> list[CacheRoot]:
-    roots = [writable_root()]
-    roots += [CacheRoot(p, False) for p in env.readonly_cache_dirs() if p.is_dir()]
-    return roots
+def private_temp_root() -> CacheRoot:
+    """The one private fallback root of this user, `<tmp>/mla_jit-cache-<uid>`, shared by every
+    process (so a fallback does not compile again in each). Created 0700; refused (CacheError) if it
+    is a symlink, belongs to another user or is open to others."""
+    uid = os.getuid()
+    path = private_temp_root_path()
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise CacheError(f"fallback cache directory {path} is not usable: {_describe(exc)}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise CacheError(f"fallback cache directory {path} is not a directory (a symlink or a file); remove it")
+    if st.st_uid != uid:
+        raise CacheError(f"fallback cache directory {path} belongs to uid {st.st_uid}, not {uid}; "
+                         "set MLA_JIT_CACHE_DIR to a writable directory")
+    if st.st_mode & 0o077:
+        raise CacheError(f"fallback cache directory {path} is open to other users "
+                         f"(mode {stat.S_IMODE(st.st_mode):o}); chmod 700 it or remove it")
+    return open_root(path)
 
 
 def entry_dir(root: Path, arch: str, name: str, key: str) -> Path:
@@ -110,25 +155,30 @@ def read_entry(root: CacheRoot, arch: str, name: str, key: str) -> CacheEntry | 
     return CacheEntry(path, root, manifest, cubin)
 
 
-def lookup(arch: str, name: str, key: str, roots: list[CacheRoot] | None = None) -> CacheEntry | None:
-    for root in roots if roots is not None else all_roots():
+def lookup(arch: str, name: str, key: str, roots: list[CacheRoot]) -> CacheEntry | None:
+    """The first verified entry for `key` in `roots`, searched in order."""
+    for root in roots:
         entry = read_entry(root, arch, name, key)
         if entry is not None:
             return entry
     return None
 
 
-def key_lock(root: CacheRoot, arch: str, name: str, key: str) -> filelock.BaseFileLock:
+def key_lock(root: CacheRoot, arch: str, name: str, key: str, timeout: float) -> filelock.BaseFileLock:
+    """The per-key lock; `acquire` waits at most `timeout` seconds for it."""
     lock_dir = root.path / arch / _LOCKS
-    lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return filelock.FileLock(str(lock_dir / f"{name}-{key}.lock"), timeout=env.lock_timeout())
+    try:
+        lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CacheError(f"cache directory {root.path} is not usable: {_describe(exc)}") from None
+    return filelock.FileLock(str(lock_dir / f"{name}-{key}.lock"), timeout=timeout)
 
 
 def acquire(lock: filelock.BaseFileLock, what: str) -> None:
     try:
         lock.acquire()
     except filelock.Timeout as exc:
-        raise CacheError(f"timed out after {env.lock_timeout():.0f} s waiting for another process "
+        raise CacheError(f"timed out after {lock.timeout:.0f} s waiting for another process "
                          f"compiling {what} (lock {lock.lock_file}); raise MLA_JIT_LOCK_TIMEOUT "
                          "or check for a hung compile") from exc
 
@@ -189,9 +239,9 @@ def publish(root: CacheRoot, arch: str, name: str, key: str, *, source: str, cub
     return CacheEntry(final, root, manifest, cubin)
 
 
-def iter_entries(roots: list[CacheRoot] | None = None):
+def iter_entries(roots: list[CacheRoot]):
     """Yield (root, arch, entry dir, manifest or None) for every entry in the given roots."""
-    for root in roots if roots is not None else all_roots():
+    for root in roots:
         if not root.path.is_dir():
             continue
         for arch_dir in sorted(p for p in root.path.iterdir() if p.is_dir()):

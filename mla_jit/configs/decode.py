@@ -4,7 +4,23 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from ..errors import InvalidArgumentError
+from ..jit import env
 from ..jit.arch import Arch
+from .fields import check_fields
+
+# The decode family's knobs (read live; part of the warm-path plan key with MLA_JIT_ARCH).
+SCHEDULE_ENV = env.declare(
+    "MLA_JIT_SM90_DECODE_SCHEDULE", "auto",
+    "Hopper split-KV schedule: auto (ws for small calls, where host time dominates; ws_unfused otherwise), "
+    "ws (warp-specialized, splits merged in the kernel) or ws_unfused (the same with the combine kernel).",
+    choices=("auto", "ws", "ws_unfused"), owner=__name__)
+CLUSTER_ENV = env.declare(
+    "MLA_JIT_SM90_CLUSTER", "auto",
+    "Row tiles per thread block cluster of the Hopper ws kernels, which then load each KV tile once per "
+    "cluster (TMA multicast): auto or 2 (2 where the row tiles are even, else 1) or 1. A clustered launch "
+    "falls back to none when the GPU cannot keep every cluster resident at once.",
+    choices=("auto", "1", "2"), owner=__name__)
 
 BLOCK_M = 64           # query rows (s_q * heads per KV head) per CTA tile
 BLOCK_N = 64           # KV tokens per pipeline stage
@@ -20,6 +36,10 @@ class MetadataConfig:
     block_n: int
     fixed_overhead_blocks: int
 
+    def __post_init__(self):
+        # block_n: the KV tokens per split-KV tile of every decode kernel (the scheduler cuts there).
+        check_fields(self, block_n=(BLOCK_N,), fixed_overhead_blocks=range(0, 65))
+
 
 @dataclass(frozen=True)
 class Sm80DecodeConfig:
@@ -33,6 +53,17 @@ class Sm80DecodeConfig:
     num_stages: int
     num_warps: int
     smem_limit: int     # bytes of shared memory per block on the tuning arch
+
+    def __post_init__(self):
+        # Field by field what SplitKVSm80Config's static_asserts accept (splitkv_sm80.cuh); the
+        # combination (and smem_limit against the tiles) is the compiler's to check.
+        check_fields(self, dtype=("bf16", "fp16"), head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS),
+                     page_size=SUPPORTED_PAGE_SIZES, block_m=(16, 32, 64), block_n=(16, 32, 64),
+                     num_stages=(2, 3, 4), num_warps=(4, 8), smem_limit=range(1, 228 * 1024 + 1))
+        if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
+            raise InvalidArgumentError("Sm80DecodeConfig.head_dim_v",
+                                       f"(head_dim, head_dim_v) in {SUPPORTED_HEAD_DIMS}",
+                                       f"({self.head_dim}, {self.head_dim_v})")
 
     @property
     def num_threads(self) -> int:
@@ -68,7 +99,7 @@ _REGS_PER_SM = 65536
 _REG_GRANULE = 8
 
 
-CLUSTER_SCHEDULES = ("ws", "ws_unfused")
+SCHEDULES = ("ws", "ws_unfused")
 
 
 @dataclass(frozen=True)
@@ -81,20 +112,21 @@ class DecodeConfig:
     block_n: int
     num_stages: int
     # "ws": S/softmax warpgroup + two P V warpgroups (splitkv_ws.cuh), splits merged in the kernel;
-    # "ws_unfused": the same with the combine kernel; "baseline": the first kernel (splitkv.cuh);
-    # "seesaw": two S/softmax warpgroups taking turns (splitkv_seesaw.cuh, experimental).
+    # "ws_unfused": the same with the combine kernel.
     schedule: str = "ws"
-    # ws / ws_unfused: row tiles per thread block cluster; each KV tile is loaded once per cluster
-    # (TMA multicast) instead of once per row tile.
+    # Row tiles per thread block cluster; each KV tile is loaded once per cluster (TMA multicast)
+    # instead of once per row tile.
     cluster_m: int = 1
 
-    @property
-    def num_threads(self) -> int:
-        return 256 if self.schedule == "baseline" else 384
+    num_threads = 384   # a producer warpgroup, the S/softmax warpgroup, two P V warpgroups
 
     def __post_init__(self):
-        if self.cluster_m not in (1, 2) or (self.cluster_m != 1 and self.schedule not in CLUSTER_SCHEDULES):
-            raise ValueError(f"cluster_m {self.cluster_m}: 1, or 2 with the {CLUSTER_SCHEDULES} schedules")
+        check_fields(self, schedule=SCHEDULES, cluster_m=(1, 2), dtype=("bf16", "fp16"),
+                     head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS), page_size=SUPPORTED_PAGE_SIZES,
+                     block_m=(BLOCK_M,), block_n=(BLOCK_N,), num_stages=(3,))
+        if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
+            raise InvalidArgumentError("DecodeConfig.head_dim_v", f"(head_dim, head_dim_v) in {SUPPORTED_HEAD_DIMS}",
+                                       f"({self.head_dim}, {self.head_dim_v})")
 
     @property
     def cluster(self) -> tuple[int, int, int] | None:
@@ -157,12 +189,9 @@ def cluster_m_for(row_tiles: int, choice: str = "auto") -> int:
 @functools.lru_cache(maxsize=None)
 def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
                   schedule: str = "ws", cluster_m: int = 1) -> DecodeConfig:
-    # baseline: Q (64 x d) + 2 KV stages (64 x d each) fill Hopper's 227 KB; 3 do not fit at d=576.
-    # ws: Q[:, :dv] lives in registers and P in each stage's rope columns (or an 8 KB buffer per
-    # stage at d=dv), so 3 stages fit (224 KB at d=576, 216 KB at d=512).
-    # seesaw: Q (64 x d) in smem for both S warpgroups, so 2 stages.
-    num_stages = 2 if schedule in ("baseline", "seesaw") else 3
-    return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=num_stages,
+    # Q[:, :dv] lives in registers and P in each stage's rope columns (or an 8 KB buffer per stage
+    # at d = dv), so 3 stages fit (224 KB at d = 576, 216 KB at d = 512).
+    return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=3,
                         schedule=schedule, cluster_m=cluster_m)
 
 

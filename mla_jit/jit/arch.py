@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..errors import UnsupportedArchError
 from . import env
 
-_ARCH_RE = re.compile(r"^(?:sm_?|compute_?)?(\d)(\d)([a-z]?)$")
+_ARCH_RE = re.compile(r"^(?:sm_?|compute_?)?(\d+?)(\d)([a-z]?)$")
 
 
 @dataclass(frozen=True, order=True)
@@ -49,14 +49,25 @@ def parse_arch(text: str) -> Arch:
     raw = text.strip().lower().replace(".", "")
     m = _ARCH_RE.match(raw)
     if not m:
-        raise UnsupportedArchError(f"cannot parse architecture {text!r}; expected one of {SUPPORTED_ARCHS}")
+        raise UnsupportedArchError(
+            f"unsupported architecture {text.strip()!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
     arch = Arch(int(m.group(1)), int(m.group(2)), m.group(3))
     if arch.major == 9 and arch.minor == 0:
         arch = Arch(9, 0, "a")  # our Hopper kernels use wgmma/setmaxnreg: always sm_90a
     if arch.name not in SUPPORTED_ARCHS:
-        raise UnsupportedArchError(
-            f"architecture {arch.name} is not supported; mla_jit serves {', '.join(SUPPORTED_ARCHS)}")
+        raise UnsupportedArchError(f"unsupported architecture {arch.name}; supported: {', '.join(SUPPORTED_ARCHS)}")
     return arch
+
+
+def parse_arch_pair(text: str) -> "ArchPair":
+    """'sm_90a' or 'TUNING@TARGET' (e.g. 'sm_80@sm_90a': the sm80 family built to run on Hopper)."""
+    tuning_text, sep, target_text = text.partition("@")
+    tuning = parse_arch(tuning_text)
+    target = parse_arch(target_text) if sep else tuning
+    if target.major < tuning.major or (target.major == tuning.major and target.minor < tuning.minor):
+        raise UnsupportedArchError(f"architecture {text.strip()}: a {tuning.name} family cannot be built for the "
+                                   f"older {target.name} (TUNING@TARGET needs TARGET >= TUNING)")
+    return ArchPair(tuning, target)
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,7 +102,10 @@ def _resolve_for_device(device_index: int, override: str) -> ArchPair:
         if gpu.name not in SUPPORTED_ARCHS:
             raise UnsupportedArchError(f"GPU arch {gpu.name} is not supported ({', '.join(SUPPORTED_ARCHS)})")
         return ArchPair(gpu, gpu)
-    tuning = parse_arch(override)
+    try:
+        tuning = parse_arch(override)
+    except UnsupportedArchError as exc:
+        raise UnsupportedArchError(f"MLA_JIT_ARCH={override}: {exc}") from None
     if gpu.can_run_cubin_for(tuning):
         return ArchPair(tuning, tuning)
     if tuning.major < gpu.major and gpu.name in SUPPORTED_ARCHS:

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CompileError, MlaJitError
+from ..errors import CompileError, ConfigError, MlaJitError
 from ..log import logger
 from . import env
 from .arch import Arch
@@ -112,24 +112,36 @@ class NvrtcCompiler(Compiler):
 class NvccCompiler(Compiler):
     name = "nvcc"
 
-    @functools.lru_cache(maxsize=1)
-    def executable(self) -> str:
+    # Looked at last, after MLA_JIT_NVCC, $CUDA_HOME / $CUDA_PATH and PATH.
+    SYSTEM_CUDA_HOMES: tuple[str, ...] = ("/usr/local/cuda",)
+
+    def candidates(self) -> list[str]:
+        """Where nvcc is looked for, in order (MLA_JIT_NVCC alone when it is set)."""
         explicit = env.nvcc_path()
-        candidates = [explicit] if explicit else []
+        if explicit:
+            return [explicit]
+        out = []
         for var in ("CUDA_HOME", "CUDA_PATH"):
             if os.environ.get(var):
-                candidates.append(str(Path(os.environ[var]) / "bin" / "nvcc"))
-        candidates.append(shutil.which("nvcc") or "")
-        for candidate in candidates:
-            if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-                return candidate
-        raise MlaJitError("nvcc not found: set MLA_JIT_NVCC or CUDA_HOME, or use MLA_JIT_COMPILER=nvrtc")
+                out.append(str(Path(os.environ[var]) / "bin" / "nvcc"))
+        if (on_path := shutil.which("nvcc")):
+            out.append(on_path)
+        out += [str(Path(home) / "bin" / "nvcc") for home in self.SYSTEM_CUDA_HOMES]
+        return out
 
-    @functools.lru_cache(maxsize=1)
+    def executable(self) -> str:
+        """Path of nvcc (looked up on each call: the environment may change)."""
+        candidates = self.candidates()
+        for candidate in candidates:
+            if Path(candidate).is_file() and os.access(candidate, os.X_OK):
+                return candidate
+        if env.nvcc_path():
+            raise ConfigError(f"MLA_JIT_NVCC={env.nvcc_path()!r} is not an executable file")
+        raise MlaJitError(f"nvcc not found (looked for {', '.join(candidates)}): set MLA_JIT_NVCC or CUDA_HOME, "
+                          "or use MLA_JIT_COMPILER=nvrtc")
+
     def identity(self) -> str:
-        out = subprocess.run([self.executable(), "--version"], capture_output=True, text=True, check=True).stdout
-        release = next((ln.strip() for ln in out.splitlines() if ln.startswith("Build ")), out.strip()[-60:])
-        return f"nvcc-{release}-{hashlib.sha256(out.encode()).hexdigest()[:12]}"
+        return _nvcc_identity(self.executable())
 
     def _arch_flags(self, arch: Arch) -> list[str]:
         code = arch.name
@@ -158,6 +170,16 @@ class NvccCompiler(Compiler):
                 logger.debug("kept nvcc scratch dir %s", workdir)
             else:
                 shutil.rmtree(workdir, ignore_errors=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _nvcc_identity(executable: str) -> str:
+    try:
+        out = subprocess.run([executable, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise MlaJitError(f"{executable} --version failed: {exc}") from None
+    release = next((ln.strip() for ln in out.splitlines() if ln.startswith("Build ")), out.strip()[-60:])
+    return f"nvcc-{release}-{hashlib.sha256(out.encode()).hexdigest()[:12]}"
 
 
 _COMPILERS = {"nvrtc": NvrtcCompiler(), "nvcc": NvccCompiler()}

@@ -1,13 +1,18 @@
-"""Every environment variable mla_jit reads, with typed accessors.
+"""The one registry of environment variables mla_jit reads, with typed accessors.
 
-Values are read live (on each call) so tests and users can change them at run time. This is
-the only module that touches os.environ for configuration; the README's table mirrors ENV_VARS.
+Values are read live (on each call) so tests and users can change them at run time. The core's
+variables are declared here; a kernel family declares its own knobs with `declare()` in its config
+module, so the registry is complete once `mla_jit.runtimes` is imported. This is the only module
+that reads os.environ for configuration; the README's table is checked against ENV_VARS.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -16,151 +21,165 @@ class EnvVar:
     default: str
     help: str
     changes_binary: bool = False
+    choices: tuple[str, ...] | None = None   # the accepted values (lower case), None for free text
+    owner: str = "core"                      # "core" or the declaring module
 
 
-ENV_VARS: dict[str, EnvVar] = {v.name: v for v in [
-    EnvVar("MLA_JIT_CACHE_DIR", "~/.cache/mla_jit",
-           "Writable cache root (created 0700). Falls back to a private temporary root if unwritable."),
-    EnvVar("MLA_JIT_READONLY_CACHE_DIRS", "",
-           "Extra read-only cache roots searched after the writable one (os.pathsep-separated)."),
-    EnvVar("MLA_JIT_DISABLE_CACHE", "0",
-           "1: never read or write the disk cache; compile once per process."),
-    EnvVar("MLA_JIT_OFFLINE", "0",
-           "1: never compile; a missing kernel raises OfflineCacheMissError with the prewarm command."),
-    EnvVar("MLA_JIT_COMPILER", "nvrtc", "Compiler: nvrtc or nvcc.", changes_binary=True),
-    EnvVar("MLA_JIT_NVCC", "", "Path of nvcc (default: $CUDA_HOME/bin/nvcc, then PATH)."),
-    EnvVar("MLA_JIT_ARCH", "",
-           "Architecture override, e.g. sm_90a, sm_89, sm_80: selects that kernel family and target."),
-    EnvVar("MLA_JIT_LOG_LEVEL", "WARNING", "Level of the 'mla_jit' logger (DEBUG, INFO, ...)."),
-    EnvVar("MLA_JIT_DEBUG", "0",
-           "1: keep generated sources and compiler scratch, log every compile command."),
-    EnvVar("MLA_JIT_PTXAS_VERBOSE", "0",
-           "1: pass -v to ptxas and log its resource report (registers, spills, smem)."),
-    EnvVar("MLA_JIT_LINEINFO", "0", "1: compile with -lineinfo (for profilers and sanitizers).",
-           changes_binary=True),
-    EnvVar("MLA_JIT_TRACE", "0",
-           "1: compile kernels with per-CTA timestamps at a few events (bench/trace_decode.py reads them).",
-           changes_binary=True),
-    EnvVar("MLA_JIT_LOCK_TIMEOUT", "900", "Seconds to wait for another process compiling the same kernel."),
-    EnvVar("MLA_JIT_SM90_DECODE_SCHEDULE", "auto",
-           "sm90 split-KV schedule: auto (ws for small calls, ws_unfused otherwise), ws (one S/softmax warpgroup, two "
-           "P V warpgroups, splits merged in the kernel), ws_unfused (the same with a separate combine "
-           "kernel), baseline (the first two-warpgroup kernel, kept for comparison) or seesaw "
-           "(experimental: two S/softmax warpgroups taking turns, Q in smem, 2 stages)."),
-    EnvVar("MLA_JIT_SM90_CLUSTER", "auto",
-           "Row tiles per thread block cluster of the sm90 ws kernels (they multicast each KV tile to "
-           "the cluster): auto or 2 (2 where the row tile count is even and every cluster is resident "
-           "at once) or 1."),
-]}
+ENV_VARS: dict[str, EnvVar] = {}
 
 
-def _raw(name: str) -> str:
+def declare(name: str, default: str, help: str, *, changes_binary: bool = False,
+            choices: tuple[str, ...] | None = None, owner: str = "core") -> EnvVar:
+    """Register a variable (idempotent for an identical declaration) and return it."""
+    var = EnvVar(name, default, help, changes_binary, choices, owner)
+    known = ENV_VARS.get(name)
+    if known is not None and known != var:
+        raise ConfigError(f"environment variable {name} declared twice, differently ({known.owner}, {owner})")
+    ENV_VARS[name] = var
+    return var
+
+
+declare("MLA_JIT_CACHE_DIR", "~/.cache/mla_jit",
+        "Writable cache root (created 0700). If unusable, ops fall back (one warning) to one private "
+        "per-user temporary root; `mla-jit prewarm` fails instead.")
+declare("MLA_JIT_READONLY_CACHE_DIRS", "",
+        "Extra read-only cache roots searched after the writable one (os.pathsep-separated); a missing "
+        "one is skipped with one warning.")
+declare("MLA_JIT_DISABLE_CACHE", "0", "1: never read or write the disk cache; compile once per process.",
+        choices=("0", "1"))
+declare("MLA_JIT_OFFLINE", "0",
+        "1: ops never compile; a missing kernel raises OfflineCacheMissError naming the roots searched and "
+        "the prewarm command (mla-jit prewarm compiles regardless).", choices=("0", "1"))
+declare("MLA_JIT_COMPILER", "nvrtc", "Compiler: nvrtc or nvcc. Part of the cache key.", changes_binary=True,
+        choices=("nvrtc", "nvcc"))
+declare("MLA_JIT_NVCC", "", "Path of nvcc (default: $CUDA_HOME/bin/nvcc, then PATH, then /usr/local/cuda/bin/nvcc).")
+declare("MLA_JIT_ARCH", "",
+        "Architecture override (sm_90a, sm_89, sm_86, sm_80): selects that kernel family and tuning.")
+declare("MLA_JIT_LOG_LEVEL", "WARNING", "Level of the 'mla_jit' logger (DEBUG, INFO, ...).")
+declare("MLA_JIT_DEBUG", "0", "1: log every compile command at DEBUG, keep nvcc's scratch directory.",
+        choices=("0", "1"))
+declare("MLA_JIT_PTXAS_VERBOSE", "0", "1: pass -v to ptxas and log its resource report (registers, spills, smem).",
+        choices=("0", "1"))
+declare("MLA_JIT_LINEINFO", "0", "1: compile with -lineinfo (profilers, sanitizers). Part of the cache key.",
+        changes_binary=True, choices=("0", "1"))
+declare("MLA_JIT_TRACE", "0",
+        "1: compile kernels with per-CTA timestamp tables (bench/trace_*.py read them). Part of the cache key.",
+        changes_binary=True, choices=("0", "1"))
+declare("MLA_JIT_LOCK_TIMEOUT", "900", "Seconds to wait for another process compiling the same kernel.")
+
+
+def raw(name: str) -> str:
+    """The variable's value as set, else its default (the name must be declared)."""
     return os.environ.get(name, ENV_VARS[name].default)
 
 
-def _flag(name: str) -> bool:
-    return _raw(name).strip().lower() in ("1", "true", "yes", "on")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def flag(name: str) -> bool:
+    value = raw(name).strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw(name)!r}: expected 1 or 0")
+
+
+def choice(name: str) -> str:
+    """A declared variable with choices: its value, lower case, checked against them."""
+    var = ENV_VARS[name]
+    value = raw(name).strip().lower()
+    if var.choices is not None and value not in var.choices:
+        raise ConfigError(f"{name}={raw(name)!r}: expected one of {', '.join(var.choices)}")
+    return value
 
 
 def cache_dir() -> Path:
-    return Path(os.path.expanduser(_raw("MLA_JIT_CACHE_DIR")))
+    return Path(os.path.expanduser(raw("MLA_JIT_CACHE_DIR")))
 
 
 def readonly_cache_dirs() -> list[Path]:
-    raw = _raw("MLA_JIT_READONLY_CACHE_DIRS")
-    return [Path(os.path.expanduser(p)) for p in raw.split(os.pathsep) if p.strip()]
+    return [Path(os.path.expanduser(p)) for p in raw("MLA_JIT_READONLY_CACHE_DIRS").split(os.pathsep) if p.strip()]
 
 
 def cache_disabled() -> bool:
-    return _flag("MLA_JIT_DISABLE_CACHE")
+    return flag("MLA_JIT_DISABLE_CACHE")
 
 
 def offline() -> bool:
-    return _flag("MLA_JIT_OFFLINE")
+    return flag("MLA_JIT_OFFLINE")
 
 
 def compiler_name() -> str:
-    name = _raw("MLA_JIT_COMPILER").strip().lower()
-    if name not in ("nvrtc", "nvcc"):
-        from ..errors import MlaJitError
-        raise MlaJitError(f"MLA_JIT_COMPILER: expected 'nvrtc' or 'nvcc', got {name!r}")
-    return name
+    return choice("MLA_JIT_COMPILER")
 
 
 def nvcc_path() -> str:
-    return _raw("MLA_JIT_NVCC").strip()
+    return raw("MLA_JIT_NVCC").strip()
 
 
 def arch_override() -> str:
-    return _raw("MLA_JIT_ARCH").strip()
+    return raw("MLA_JIT_ARCH").strip()
 
 
 def log_level() -> str:
-    return _raw("MLA_JIT_LOG_LEVEL").strip().upper()
+    return raw("MLA_JIT_LOG_LEVEL").strip().upper()
 
 
 def debug() -> bool:
-    return _flag("MLA_JIT_DEBUG")
+    return flag("MLA_JIT_DEBUG")
 
 
 def ptxas_verbose() -> bool:
-    return _flag("MLA_JIT_PTXAS_VERBOSE")
+    return flag("MLA_JIT_PTXAS_VERBOSE")
 
 
 def lineinfo() -> bool:
-    return _flag("MLA_JIT_LINEINFO")
+    return flag("MLA_JIT_LINEINFO")
 
 
 def trace() -> bool:
-    return _flag("MLA_JIT_TRACE")
+    return flag("MLA_JIT_TRACE")
 
 
 def lock_timeout() -> float:
-    return float(_raw("MLA_JIT_LOCK_TIMEOUT"))
+    text = raw("MLA_JIT_LOCK_TIMEOUT")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also NaN
+        raise ConfigError(f"MLA_JIT_LOCK_TIMEOUT={text!r}: expected a number of seconds >= 0")
+    return seconds
 
 
 def effective() -> dict[str, str]:
-    """Every variable with its effective value (for `mla-jit info`)."""
-    return {name: _raw(name) for name in ENV_VARS}
+    """Every declared variable with its effective value (for `mla-jit info`)."""
+    return {name: raw(name) for name in ENV_VARS}
 
 
-SM90_DECODE_SCHEDULES = ("auto", "ws", "ws_unfused", "baseline", "seesaw")
-
-
-def _choice(var: str, choices: tuple[str, ...]) -> str:
-    name = _raw(var).strip().lower()
-    if name not in choices:
-        from ..errors import MlaJitError
-        raise MlaJitError(f"{var}: expected one of {choices}, got {name!r}")
-    return name
-
-
-def sm90_decode_schedule() -> str:
-    return _choice("MLA_JIT_SM90_DECODE_SCHEDULE", SM90_DECODE_SCHEDULES)
-
-
-SM90_CLUSTER_CHOICES = ("auto", "1", "2")
-
-
-def sm90_cluster() -> str:
-    return _choice("MLA_JIT_SM90_CLUSTER", SM90_CLUSTER_CHOICES)
-
-
-_PLAN_VARS = ("MLA_JIT_ARCH", "MLA_JIT_SM90_DECODE_SCHEDULE", "MLA_JIT_SM90_CLUSTER")
-
-
-# os.environ.get costs ~0.8 us for an unset variable (it raises and catches KeyError inside);
-# the mapping behind os.environ, with pre-encoded keys, answers in ~0.04 us.
-try:
-    _ENV_DATA = os.environ._data
-    _PLAN_KEYS = tuple(os.environ.encodekey(name) for name in _PLAN_VARS)
-except AttributeError:  # pragma: no cover - a Python without os._Environ's internals
-    _ENV_DATA, _PLAN_KEYS = os.environ, _PLAN_VARS
-_ARCH_KEY, _SCHEDULE_KEY, _CLUSTER_KEY = _PLAN_KEYS
-
-
-def plan_inputs() -> tuple[object, object, object]:
-    """Raw values of the variables that pick a kernel, for ops' warm-path plan keys: no parsing
-    here (it is on every call); the parsed accessors above run when a plan is built."""
-    get = _ENV_DATA.get
-    return get(_ARCH_KEY), get(_SCHEDULE_KEY), get(_CLUSTER_KEY)
+def raw_reader(*names: str) -> Callable[[], tuple]:
+    """A function returning the raw values of `names` (None where unset), for warm-path plan keys:
+    no parsing there (it runs on every call); the parsed accessors run when a plan is built.
+    os.environ.get costs ~0.8 us for an unset variable (it raises and catches KeyError inside); the
+    mapping behind os.environ, with pre-encoded keys, answers in ~0.04 us."""
+    for name in names:
+        if name not in ENV_VARS:
+            raise ConfigError(f"environment variable {name} is not declared")
+    try:
+        data = os.environ._data
+        keys = tuple(os.environ.encodekey(name) for name in names)
+    except AttributeError:  # pragma: no cover - a Python without os._Environ's internals
+        data, keys = os.environ, names
+    get = data.get
+    if len(keys) == 1:
+        (a,) = keys
+        return lambda: (get(a),)
+    if len(keys) == 2:
+        a, b = keys
+        return lambda: (get(a), get(b))
+    if len(keys) == 3:
+        a, b, c = keys
+        return lambda: (get(a), get(b), get(c))
+    return lambda: tuple([get(k) for k in keys])

@@ -67,6 +67,15 @@ def cuda_include_dir() -> Path:
     return found
 
 
+@functools.lru_cache(maxsize=1)
+def third_party_version_files() -> tuple[tuple[str, Path], ...]:
+    """(label, file) of the CUTLASS, CCCL and CUDA runtime header versions: the cache key hashes
+    these files (each stands for its whole header tree) under their labels, never their paths."""
+    return (("cutlass/version.h", cutlass_include_dir() / "cutlass" / "version.h"),
+            ("cuda/std/__cccl/version.h", cccl_include_dir() / "cuda" / "std" / "__cccl" / "version.h"),
+            ("cuda_runtime_api.h", cuda_include_dir() / "cuda_runtime_api.h"))
+
+
 def include_dirs(with_toolkit_headers: bool) -> list[Path]:
     """Include search path. NVRTC needs the CCCL and CUDA runtime headers passed explicitly;
     nvcc brings its own (and rejects CCCL headers of another toolkit release)."""

@@ -11,10 +11,13 @@ from ..jit.arch import resolve_for_device
 from ..jit.launch import F32, I32, PTR, TMA_DESC, PreparedLaunch
 from ..jit.stream import current_stream
 from ..runtimes import registry
-from . import validate
+from . import library, validate
 
 _COPY_PARAMS = (TMA_DESC, PTR, I32, I32, F32)
 _COPY_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Warm-path memos of the toy ops (a real family keeps these in its runtime module).
+_plans: dict[tuple, tuple[PreparedLaunch, tuple[int, int]]] = {}
+descriptors: dict[tuple, tma.TmaDescriptor] = {}
 
 
 def _copy_plan(src: torch.Tensor, pdl: bool) -> tuple[PreparedLaunch, tuple[int, int]]:
@@ -22,20 +25,19 @@ def _copy_plan(src: torch.Tensor, pdl: bool) -> tuple[PreparedLaunch, tuple[int,
     arch = resolve_for_device(device)
     family = registry.get("tile_copy")
     plan_key = (device, src.dtype, src.shape, pdl, arch)
-    plan = family.plans.get(plan_key)
+    plan = _plans.get(plan_key)
     if plan is None:
         cfg = tile_copy_config(name_of(src.dtype), arch.tuning)
         rows, cols = src.shape
         grid = ((cols + cfg.block_cols - 1) // cfg.block_cols, (rows + cfg.block_rows - 1) // cfg.block_rows, 1)
         launch = family.launcher(cfg, arch, "mla_jit_tile_copy", device, _COPY_PARAMS, grid,
                                  (cfg.num_threads, 1, 1), pdl=pdl)
-        plan = family.plans[plan_key] = (launch, (cfg.block_rows, cfg.block_cols))
+        plan = _plans[plan_key] = (launch, (cfg.block_rows, cfg.block_cols))
     return plan
 
 
 def _tile_copy_launch(src: torch.Tensor, dst: torch.Tensor, addend: float, pdl: bool) -> None:
     launch, box = _copy_plan(src, pdl)
-    descriptors = registry.get("tile_copy").descriptors
     desc_key = (src.data_ptr(), src.shape, src.dtype)
     desc = descriptors.get(desc_key)
     if desc is None:
@@ -56,15 +58,33 @@ def _check_copy_input(src) -> torch.Tensor:
 
 def tile_copy(src: torch.Tensor, addend: float = 0.0, out: torch.Tensor | None = None,
               pdl: bool = False) -> torch.Tensor:
-    """out = src + addend through a TMA tile load. `src` 2D contiguous bf16/fp16/fp32."""
-    _check_copy_input(src)
+    """out = src + addend through a TMA tile load. `src` 2D contiguous bf16/fp16/fp32.
+
+    The worked example of an op with `out=`: the torch op `mla_jit::tile_copy_out` writes `out`
+    (declared mutated in its schema); this function allocates `out` when none is given and calls
+    the op while torch.compile traces, the eager path otherwise."""
     if out is None:
-        out = torch.empty_like(src)
+        out = torch.empty_like(src) if isinstance(src, torch.Tensor) else None
+    if library.compiling():
+        torch.ops.mla_jit.tile_copy_out(src, float(addend), out, pdl)
     else:
-        validate.tensor("out", out, dtypes=(src.dtype,), device=src.device, contiguous=True)
-        validate.shape("out", out, tuple(src.shape))
-    _tile_copy_launch(src, out, float(addend), pdl)
+        _tile_copy_out(src, float(addend), out, pdl)
     return out
+
+
+def _tile_copy_out(src: torch.Tensor, addend: float, out: torch.Tensor, pdl: bool = False) -> None:
+    _check_copy_input(src)
+    validate.tensor("out", out, dtypes=(src.dtype,), device=src.device, contiguous=True)
+    validate.shape("out", out, tuple(src.shape))
+    _tile_copy_launch(src, out, float(addend), pdl)
+
+
+def _tile_copy_out_fake(src: torch.Tensor, addend: float, out: torch.Tensor, pdl: bool = False) -> None:
+    return None
+
+
+library.define("tile_copy_out", "(Tensor src, float addend, Tensor(a!) out, bool pdl=False) -> ()",
+               _tile_copy_out, _tile_copy_out_fake, mutates=("out",))
 
 
 def tile_copy_chain(src: torch.Tensor, addend: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:

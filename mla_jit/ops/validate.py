@@ -6,6 +6,11 @@ import torch
 from ..errors import InvalidArgumentError
 
 
+def on_gpu(value: torch.Tensor) -> bool:
+    """Whether a tensor lives on a CUDA device (CPU tests stub this to reach the later checks)."""
+    return value.is_cuda
+
+
 def tensor(name: str, value, *, dtypes: tuple[torch.dtype, ...] | None = None, ndim: int | None = None,
            device: torch.device | None = None, last_dim_contiguous: bool = False,
            contiguous: bool = False) -> torch.Tensor:
@@ -17,7 +22,7 @@ def tensor(name: str, value, *, dtypes: tuple[torch.dtype, ...] | None = None, n
         raise InvalidArgumentError(name, f"{ndim} dims", f"shape {tuple(value.shape)}")
     if device is not None and value.device != device:
         raise InvalidArgumentError(name, f"a tensor on {device}", str(value.device))
-    if device is None and not value.is_cuda:
+    if device is None and not on_gpu(value):
         raise InvalidArgumentError(name, "a CUDA tensor", str(value.device))
     if contiguous and not value.is_contiguous():
         raise InvalidArgumentError(name, "a contiguous tensor", f"strides {value.stride()}")

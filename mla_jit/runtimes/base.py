@@ -11,7 +11,7 @@ import threading
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Generic, Iterable, TypeVar
 
-from ..errors import KernelNotWarmError, MlaJitError
+from ..errors import ConfigSpecError, KernelNotWarmError, MlaJitError
 from ..jit import render
 from ..jit.arch import Arch, ArchPair
 from ..jit.build import Binary, KernelSource, build
@@ -33,21 +33,20 @@ class KernelFamily(ABC, Generic[Cfg]):
     config_type: ClassVar[type]         # a frozen dataclass
     ops: ClassVar[tuple[str, ...]]      # public ops served by this family (prewarm --op)
     tunings: ClassVar[tuple[str, ...]]  # tuning archs this family serves
+    # Whether a plain `mla-jit prewarm` builds this family's kernels. Examples (the toy families) set
+    # False: they are built only when asked for by --op or --config.
+    default_prewarm: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._binaries: dict[tuple[Cfg, ArchPair], Binary] = {}
         self._kernels: dict[tuple[Cfg, ArchPair, str, int], LoadedKernel] = {}
         self._launches: dict[tuple, PreparedLaunch] = {}
         self._lock = threading.Lock()
-        # Warm-path memos that ops keep per family: launch plans by shape, TMA descriptors by
-        # tensor address. Cleared with everything else by reset().
-        self.plans: dict[tuple, Any] = {}
-        self.descriptors: dict[tuple, Any] = {}
 
     def reset(self) -> None:
-        """Forget every loaded kernel, launch and plan (tests use this to act as a new process)."""
+        """Forget every loaded kernel and launch (tests use this to act as a new process)."""
         with self._lock:
-            for memo in (self._binaries, self._kernels, self._launches, self.plans, self.descriptors):
+            for memo in (self._binaries, self._kernels, self._launches):
                 memo.clear()
 
     # ---- what a family defines -------------------------------------------------------------
@@ -76,17 +75,50 @@ class KernelFamily(ABC, Generic[Cfg]):
         return f"{self.name}:{fields}"
 
     def config_from_spec(self, spec: str) -> Cfg:
-        """Inverse of config_spec ('family:a=1,b=x' -> Cfg)."""
-        _, _, body = spec.partition(":")
-        types = {f.name: f.type for f in dataclasses.fields(self.config_type)}
+        """Inverse of config_spec ('family:a=1,b=x' -> Cfg). Strict: every field without a default
+        must be given, ints and bools must parse, and the config's own validation runs; any problem
+        raises ConfigSpecError naming the field (and the values it accepts)."""
+        family, sep, body = spec.partition(":")
+        if not sep or family.strip() != self.name:
+            raise ConfigSpecError(f"--config {spec}: expected {self.name}:field=value,...")
+        fields = {f.name: f for f in dataclasses.fields(self.config_type)}
         values: dict[str, Any] = {}
-        for item in filter(None, body.split(",")):
-            key, _, raw = item.partition("=")
-            if key not in types:
-                raise MlaJitError(f"--config {spec}: {self.name} has no field {key!r} (fields: {sorted(types)})")
-            kind = types[key] if isinstance(types[key], str) else types[key].__name__
-            values[key] = (raw in ("True", "true", "1")) if kind == "bool" else int(raw) if kind == "int" else raw
-        return self.config_type(**values)
+        for item in body.split(","):
+            if not item.strip():
+                continue
+            key, eq, raw = (part.strip() for part in item.partition("="))
+            if not eq:
+                raise ConfigSpecError(f"--config {spec}: {item.strip()!r} is not field=value")
+            if key not in fields:
+                raise ConfigSpecError(f"--config {spec}: {self.name} has no field {key!r} "
+                                      f"(fields: {', '.join(fields)})")
+            if key in values:
+                raise ConfigSpecError(f"--config {spec}: field {key} given twice")
+            values[key] = self._parse_field(spec, key, fields[key].type, raw)
+        missing = [name for name, f in fields.items() if name not in values
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ConfigSpecError(f"--config {spec}: missing field{'s' if len(missing) > 1 else ''} "
+                                  f"{', '.join(missing)} ({self.name} fields: {', '.join(fields)})")
+        try:
+            return self.config_type(**values)
+        except (ValueError, TypeError) as exc:
+            raise ConfigSpecError(f"--config {spec}: {exc}") from None
+
+    @staticmethod
+    def _parse_field(spec: str, key: str, annotation: Any, raw: str) -> Any:
+        kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+        if kind == "bool":
+            if raw.lower() in ("true", "1"):
+                return True
+            if raw.lower() in ("false", "0"):
+                return False
+            raise ConfigSpecError(f"--config {spec}: {key}: expected true or false, got {raw!r}")
+        if kind == "int":
+            if not re.fullmatch(r"[+-]?[0-9]+", raw):
+                raise ConfigSpecError(f"--config {spec}: {key}: expected an integer, got {raw!r}")
+            return int(raw)
+        return raw
 
     def prewarm_command(self, cfg: Cfg, arch: ArchPair) -> str:
         arch_text = arch.target.name if arch.tuning == arch.target else f"{arch.tuning.name}@{arch.target.name}"

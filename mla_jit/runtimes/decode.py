@@ -4,8 +4,9 @@ from __future__ import annotations
 import struct
 from typing import Any, Iterable
 
-from ..configs.decode import (BLOCK_M, CLUSTER_SCHEDULES, SUPPORTED_HEAD_DIMS, DecodeConfig, MetadataConfig,
-                              Sm80DecodeConfig, cluster_m_for, decode_config, metadata_config, sm80_decode_config)
+from ..configs.decode import (BLOCK_M, CLUSTER_ENV, SCHEDULE_ENV, SCHEDULES, SUPPORTED_HEAD_DIMS, DecodeConfig,
+                              MetadataConfig, Sm80DecodeConfig, cluster_m_for, decode_config, metadata_config,
+                              sm80_decode_config)
 from ..dtypes import cpp_type
 from ..jit import env
 from ..jit.arch import Arch, ArchPair
@@ -42,11 +43,9 @@ def _preset_shapes(presets: list[Preset]) -> list[Preset]:
     return [p for p in presets if (p.head_dim, p.head_dim_v) in SUPPORTED_HEAD_DIMS]
 
 
-def _cluster_sizes(preset: Preset, schedule: str, choice: str) -> list[int]:
+def _cluster_sizes(preset: Preset, choice: str) -> list[int]:
     """Cluster sizes the sm90 kernels of `preset` run with at s_q 1 to 4 (always 1 among them: the
     fallback where not every cluster is resident)."""
-    if schedule not in CLUSTER_SCHEDULES:
-        return [1]
     rows = (s_q * preset.num_heads_q // preset.num_heads_kv for s_q in (1, 2, 3, 4))
     return sorted({1, *(cluster_m_for(-(-r // BLOCK_M), choice) for r in rows)})
 
@@ -64,35 +63,23 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
     def entry_points(self, cfg: DecodeConfig) -> tuple[str, ...]:
         return (self.SPLITKV,) if cfg.fused_combine else (self.SPLITKV, self.COMBINE)
 
-    # schedule -> (header, config struct, arguments after the stage count ({cluster_m}: the
-    # config's), device body)
-    SCHEDULES = {
-        "baseline": ("mla_jit/decode/splitkv.cuh", "SplitKVConfig", "", "mla_splitkv_body"),
-        "ws": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", true, {cluster_m}", "mla_splitkv_ws_body"),
-        "ws_unfused": ("mla_jit/decode/splitkv_ws.cuh", "SplitKVWsConfig", ", false, {cluster_m}",
-                       "mla_splitkv_ws_body"),
-        "seesaw": ("mla_jit/decode/splitkv_seesaw.cuh", "SplitKVSeesawConfig", "", "mla_splitkv_seesaw_body"),
-    }
-
     def render_context(self, cfg: DecodeConfig, arch: ArchPair) -> dict[str, Any]:
-        header, config, extra_args, body = self.SCHEDULES[cfg.schedule]
         return {"splitkv_entry": self.SPLITKV, "combine_entry": "" if cfg.fused_combine else self.COMBINE,
-                "extra_config_args": extra_args.format(cluster_m=cfg.cluster_m), "dtype": cpp_type(cfg.dtype),
-                "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "page_size": cfg.page_size,
-                "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
-                "schedule": cfg.schedule, "splitkv_header": header, "splitkv_config": config,
-                "splitkv_body": body}
+                "fused_combine": "true" if cfg.fused_combine else "false", "cluster_m": cfg.cluster_m,
+                "dtype": cpp_type(cfg.dtype), "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v,
+                "page_size": cfg.page_size, "block_m": cfg.block_m, "block_n": cfg.block_n,
+                "num_stages": cfg.num_stages, "schedule": cfg.schedule}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[DecodeConfig]:
         # auto: which of the two a call takes depends on its batch and lengths; warm both.
-        chosen = env.sm90_decode_schedule()
-        schedules = ("ws", "ws_unfused") if chosen == "auto" else (chosen,)
+        chosen = env.choice(SCHEDULE_ENV.name)
+        schedules = SCHEDULES if chosen == "auto" else (chosen,)
         # Clustered kernels where a preset's row tiles (s_q 1 to 4) share KV; the unclustered one too
         # (a GPU that cannot keep every cluster resident falls back to it).
-        cluster = env.sm90_cluster()
+        cluster = env.choice(CLUSTER_ENV.name)
         configs = (decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch, schedule, cluster_m)
                    for p in _preset_shapes(presets) for schedule in schedules
-                   for cluster_m in _cluster_sizes(p, schedule, cluster))
+                   for cluster_m in _cluster_sizes(p, cluster))
         return list(dict.fromkeys(configs))
 
 

@@ -18,6 +18,7 @@ class TileCopyFamily(KernelFamily[TileCopyConfig]):
     config_type = TileCopyConfig
     ops = ("tile_copy",)
     tunings = ("sm_90a",)
+    default_prewarm = False   # an example: prewarm builds it only with --op tile_copy or --config
 
     def entry_points(self, cfg: TileCopyConfig) -> tuple[str, ...]:
         return ("mla_jit_tile_copy",)
@@ -38,6 +39,7 @@ class WgmmaGemmFamily(KernelFamily[WgmmaGemmConfig]):
     config_type = WgmmaGemmConfig
     ops = ("wgmma_gemm",)
     tunings = ("sm_90a",)
+    default_prewarm = False   # an example: prewarm builds it only with --op wgmma_gemm or --config
 
     def entry_points(self, cfg: WgmmaGemmConfig) -> tuple[str, ...]:
         return ("mla_jit_wgmma_gemm",)
