@@ -26,7 +26,7 @@ done
 python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache "${configs[@]}" 2>&1 | tail -n 3
 # A previous commit's package for an interleaved A/B (prepared by scripts/prepare_prev.sh as
 # .prev/mla_jit_prev and carried along): its kernels are built now, in parallel.
-if [ -d .prev/mla_jit_prev ]; then
+if [ -d .prev/mla_jit_prev ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
   export PYTHONPATH=$PWD/.prev:$PYTHONPATH
   python3 -m mla_jit_prev.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache --arch sm_90a 2>&1 | tail -n 1
   BENCH_AGAINST_PACKAGE=${BENCH_AGAINST_PACKAGE:-mla_jit_prev}

@@ -160,9 +160,12 @@ def test_warm_calls_skip_validation_and_reuse_the_plan(stub_gpu):
     q2 = q.clone()  # new data, same signature
     mla_jit.flash_mla_with_kvcache(q2, k_cache, block_table, lens, 512, meta, splits, softmax_scale=0.5,
                                    causal=True)
+    # The torch op (what a compiled graph calls) rides the same plan; the schema's defaults apply.
+    torch.ops.mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, meta, splits)
     (plan,) = _FakeDecodePlan.built
     assert plan.calls == [(q.data_ptr(), meta.data_ptr(), 576 ** -0.5, False),
-                          (q2.data_ptr(), meta.data_ptr(), 0.5, True)]
+                          (q2.data_ptr(), meta.data_ptr(), 0.5, True),
+                          (q.data_ptr(), meta.data_ptr(), 576 ** -0.5, False)]
     # Another signature (h_q), another plan; an empty batch needs none.
     mla_jit.flash_mla_with_kvcache(*_inputs(h_q=32)[:1], k_cache, block_table, lens, 512, meta, splits)
     assert len(_FakeDecodePlan.built) == 2

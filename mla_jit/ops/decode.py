@@ -210,7 +210,8 @@ def _signature(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_schedule
 
 
 def _decode_eager(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
-                  softmax_scale, causal) -> tuple[torch.Tensor, torch.Tensor]:
+                  softmax_scale=None, causal=False) -> tuple[torch.Tensor, torch.Tensor]:
+    # (The defaults repeat the schema's: the dispatcher passes only the arguments given.)
     try:
         signature = _signature(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                                num_splits)
