@@ -318,7 +318,7 @@ def test_prewarm_compiles_in_offline_mode(cli_env):
     proc = _run("prewarm", "--config", TILE_COPY_SPEC, "--jobs", "1", env_extra=env)
     assert proc.returncode == 0, proc.stderr
     assert "prewarm: 1 compiled, 0 already cached, 0 failed" in proc.stdout
-    assert "prewarm compiles regardless" in env_mod.ENV_VARS["MLA_JIT_OFFLINE"].help
+    assert "prewarm` compiles regardless" in env_mod.ENV_VARS["MLA_JIT_OFFLINE"].help
 
 
 # ---- 7. typed errors with their reason -----------------------------------------------------------

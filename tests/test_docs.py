@@ -15,10 +15,13 @@ def _readme_env_rows() -> dict[str, str]:
 
 
 def test_readme_env_table_matches_the_registry():
+    from mla_jit.jit.env import markdown_table
     rows = _readme_env_rows()
     assert set(rows) == set(ENV_VARS)
     for name, default in rows.items():
         assert default == ENV_VARS[name].default, name
+    # The whole table, help texts included, is the registry's (regenerate it with env.markdown_table()).
+    assert markdown_table() in (ROOT / "README.md").read_text()
 
 
 def test_family_knobs_are_declared_by_their_family():

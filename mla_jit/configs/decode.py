@@ -12,14 +12,16 @@ from .fields import check_fields
 # The decode family's knobs (read live; part of the warm-path plan key with MLA_JIT_ARCH).
 SCHEDULE_ENV = env.declare(
     "MLA_JIT_SM90_DECODE_SCHEDULE", "auto",
-    "Hopper split-KV schedule: auto (ws for small calls, where host time dominates; ws_unfused otherwise), "
-    "ws (warp-specialized, splits merged in the kernel) or ws_unfused (the same with the combine kernel).",
+    "Hopper split-KV schedule: `auto` (`ws` for small calls, where host time dominates; `ws_unfused` "
+    "otherwise), `ws` (warp-specialized, with the combine fused in) or `ws_unfused` (the same with the "
+    "combine kernel).",
     choices=("auto", "ws", "ws_unfused"), owner=__name__)
 CLUSTER_ENV = env.declare(
     "MLA_JIT_SM90_CLUSTER", "auto",
-    "Row tiles per thread block cluster of the Hopper ws kernels, which then load each KV tile once per "
-    "cluster (TMA multicast): auto or 2 (2 where the row tiles are even, else 1) or 1. A clustered launch "
-    "falls back to none when the GPU cannot keep every cluster resident at once.",
+    "Row tiles per thread block cluster of the Hopper `ws` kernels, which then load each KV tile once per "
+    "cluster (TMA multicast): `auto` or `2` (2 where the row tiles are even, else 1) or `1`. A clustered "
+    "launch falls back to none when the GPU cannot keep every cluster resident at once "
+    "(cuOccupancyMaxActiveClusters).",
     choices=("auto", "1", "2"), owner=__name__)
 
 BLOCK_M = 64           # query rows (s_q * heads per KV head) per CTA tile

@@ -40,32 +40,46 @@ def declare(name: str, default: str, help: str, *, changes_binary: bool = False,
 
 
 declare("MLA_JIT_CACHE_DIR", "~/.cache/mla_jit",
-        "Writable cache root (created 0700). If unusable, ops fall back (one warning) to one private "
-        "per-user temporary root; `mla-jit prewarm` fails instead.")
+        "Writable cache root (created 0700). If it is unusable, ops warn once and use one private per-user "
+        "root under the system temporary directory; `mla-jit prewarm` fails instead, naming the directory.")
 declare("MLA_JIT_READONLY_CACHE_DIRS", "",
-        "Extra read-only cache roots searched after the writable one (os.pathsep-separated); a missing "
-        "one is skipped with one warning.")
-declare("MLA_JIT_DISABLE_CACHE", "0", "1: never read or write the disk cache; compile once per process.",
+        "Extra read-only cache roots searched after the writable one (`os.pathsep`-separated), e.g. a "
+        "prewarmed cache baked into an image or on NFS. A missing one is skipped with one warning.")
+declare("MLA_JIT_DISABLE_CACHE", "0", "`1`: never read or write the disk cache; compile once per process.",
         choices=("0", "1"))
 declare("MLA_JIT_OFFLINE", "0",
-        "1: ops never compile; a missing kernel raises OfflineCacheMissError naming the roots searched and "
-        "the prewarm command (mla-jit prewarm compiles regardless).", choices=("0", "1"))
-declare("MLA_JIT_COMPILER", "nvrtc", "Compiler: nvrtc or nvcc. Part of the cache key.", changes_binary=True,
+        "`1`: ops never compile; a missing kernel raises `OfflineCacheMissError` naming the kernel, the roots "
+        "searched and the exact `mla-jit prewarm` command that builds it. `mla-jit prewarm` compiles regardless.",
+        choices=("0", "1"))
+declare("MLA_JIT_COMPILER", "nvrtc", "`nvrtc` or `nvcc`. Part of the cache key.", changes_binary=True,
         choices=("nvrtc", "nvcc"))
-declare("MLA_JIT_NVCC", "", "Path of nvcc (default: $CUDA_HOME/bin/nvcc, then PATH, then /usr/local/cuda/bin/nvcc).")
+declare("MLA_JIT_NVCC", "",
+        "Path of nvcc (default: `$CUDA_HOME/bin/nvcc`, then `PATH`, then `/usr/local/cuda/bin/nvcc`).")
 declare("MLA_JIT_ARCH", "",
-        "Architecture override (sm_90a, sm_89, sm_86, sm_80): selects that kernel family and tuning.")
-declare("MLA_JIT_LOG_LEVEL", "WARNING", "Level of the 'mla_jit' logger (DEBUG, INFO, ...).")
-declare("MLA_JIT_DEBUG", "0", "1: log every compile command at DEBUG, keep nvcc's scratch directory.",
+        "Architecture override (`sm_90a`, `sm_89`, `sm_86`, `sm_80`): selects that kernel family and tuning. "
+        "On a newer GPU the cubin still targets the GPU present (an sm_80 cubin cannot run on sm_90).")
+declare("MLA_JIT_LOG_LEVEL", "WARNING", "Level of the `mla_jit` logger.")
+declare("MLA_JIT_DEBUG", "0", "`1`: log every compile command at DEBUG, keep nvcc's scratch directory.",
         choices=("0", "1"))
-declare("MLA_JIT_PTXAS_VERBOSE", "0", "1: pass -v to ptxas and log its resource report (registers, spills, smem).",
-        choices=("0", "1"))
-declare("MLA_JIT_LINEINFO", "0", "1: compile with -lineinfo (profilers, sanitizers). Part of the cache key.",
+declare("MLA_JIT_PTXAS_VERBOSE", "0",
+        "`1`: pass `-v` to ptxas and log its resource report (registers, spills, smem).", choices=("0", "1"))
+declare("MLA_JIT_LINEINFO", "0", "`1`: compile with `-lineinfo` (profilers, compute-sanitizer). Part of the cache key.",
         changes_binary=True, choices=("0", "1"))
 declare("MLA_JIT_TRACE", "0",
-        "1: compile kernels with per-CTA timestamp tables (bench/trace_*.py read them). Part of the cache key.",
-        changes_binary=True, choices=("0", "1"))
-declare("MLA_JIT_LOCK_TIMEOUT", "900", "Seconds to wait for another process compiling the same kernel.")
+        "`1`: compile kernels with the timestamp tables their families define, for the `bench/trace_*.py` "
+        "scripts (bench/NOTES.md says what each records). Part of the cache key.", changes_binary=True,
+        choices=("0", "1"))
+declare("MLA_JIT_LOCK_TIMEOUT", "900",
+        "Seconds to wait for another process compiling the same kernel before raising `CacheError`.")
+
+
+def markdown_table() -> str:
+    """The README's table of every declared variable (tests check the README against it)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for var in ENV_VARS.values():
+        default = f"`{var.default}`" if var.default else "(empty)"
+        rows.append(f"| `{var.name}` | {default} | {var.help} |")
+    return "\n".join(rows) + "\n"
 
 
 def raw(name: str) -> str:

@@ -57,21 +57,6 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) {
       : "memory");
 }
 
-// Non-blocking: whether the phase with parity `phase` of the mbarrier has completed.
-__device__ __forceinline__ bool mbarrier_ready(uint64_t* bar, uint32_t phase) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 done, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, done;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(phase)
-      : "memory");
-  return done != 0;
-}
-
 // 2D tiled TMA load of box (c0, c1) (innermost coordinate first) into shared memory.
 __device__ __forceinline__ void tma_load_2d(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar,
                                             int32_t c0, int32_t c1) {
@@ -79,15 +64,6 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const TmaDescriptor*
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_addr(smem_dst)),
       "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
-      : "memory");
-}
-
-__device__ __forceinline__ void tma_load_3d(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar,
-                                            int32_t c0, int32_t c1, int32_t c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_addr(smem_dst)),
-      "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
 
@@ -108,7 +84,8 @@ __device__ __forceinline__ uint64_t l2_evict_last_policy() {
   return policy;
 }
 
-// tma_load_3d with an L2 cache-hint policy.
+// 3D tiled TMA load of box (c0, c1, c2) (innermost coordinate first) into shared memory, with an
+// L2 cache-hint policy.
 __device__ __forceinline__ void tma_load_3d_hint(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar,
                                                  int32_t c0, int32_t c1, int32_t c2, uint64_t policy) {
   asm volatile(

@@ -1,7 +1,7 @@
-// mla_jit decode: what the sm_90a split-KV kernels (splitkv.cuh, splitkv_ws.cuh,
-// splitkv_seesaw.cuh) share about their tiles: the TMA box geometry of a paged KV tile, the
-// shared-memory layouts and wgmma shapes, and the small per-tile steps that do not depend on the
-// schedule (tail zeroing, masking, the swizzled P store, the aligned shared-storage base).
+// mla_jit decode: the tiles of the sm_90a split-KV kernel (splitkv_ws.cuh): the TMA box geometry
+// of a paged KV tile, the shared-memory layouts and wgmma shapes, and the small per-tile steps
+// (tail zeroing, masking, the online softmax's row operations, the swizzled P store, the aligned
+// shared-storage base).
 #pragma once
 
 #include "common.cuh"
@@ -34,9 +34,7 @@ struct Sm90DecodeTiles {
   // row-major-of-atoms so that each 64-column chunk is a contiguous (rows x 128 B) slab, which is
   // exactly what one TMA box writes. Chunk c of a K tile starts at element c * BLOCK_N * 64.
   using SwAtom = decltype(cute::GMMA::Layout_K_SW128_Atom<Element>{});
-  using SmemLayoutQ = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_M>, cute::Int<HEAD_DIM>>{}));
   using SmemLayoutK = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_N>, cute::Int<HEAD_DIM>>{}));
-  using SmemLayoutP = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>>{}));
   // One 64 x 64 slab: Q rope, K rope, P.
   using SmemLayoutSlab = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<64>, cute::Int<64>>{}));
   // V half seen as the (dv/2, tokens) B operand: MN-major view of the same K-major bytes.
@@ -46,10 +44,7 @@ struct Sm90DecodeTiles {
       SmemLayoutVHalf{},
       cute::make_layout(cute::Shape<cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>{}, cute::GenRowMajor{})));
 
-  // S = Q K^T with both operands in smem, and a warpgroup's half of O += P V.
-  using TiledMmaS = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<HEAD_DIM>>>()));
+  // A warpgroup's half of O += P V, both operands in smem.
   using TiledMmaO = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::Int<BLOCK_M>, cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>,
@@ -111,9 +106,6 @@ __device__ __forceinline__ float rcp_approx(float x) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
 __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
@@ -154,24 +146,11 @@ __device__ __forceinline__ void zero_rows_from(uint32_t tile_addr, int v0, int t
   }
 }
 
-// A 64 x 64 accumulator fragment (P) into a K-major SW128 slab as Element: row row0 + 8h,
-// columns 8j + col_lane + {0, 1} go to the swizzled 16 B chunk j ^ (row0 % 8).
-template <typename Element, typename Frag>
-__device__ __forceinline__ void store_p_slab(uint32_t slab_addr, int row0, int col_lane, const Frag& s) {
-  const uint32_t prow = slab_addr + row0 * 128 + col_lane * 2;
-  const int rx = row0 % 8;
-#pragma unroll
-  for (int j = 0; j < cute::size(s) / 4; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int i = j * 4 + h * 2;
-      st_shared_u32(prow + h * 8 * 128 + ((j ^ rx) << 4), ElemTraits<Element>::pack2(s(i), s(i + 1)));
-    }
-  }
-}
-
-// The same layout through stmatrix (4 instructions per thread instead of 16 stores; tw: thread in
-// the warpgroup): matrices (chunk j, rows +0), (j, +8), (j + 1, +0), (j + 1, +8) per instruction.
+// A 64 x 64 accumulator fragment (P) of thread tw of the warpgroup into a K-major SW128 slab as
+// Element: its rows row0 + {0, 8} (row0 = 16 (tw / 32) + (tw % 32) / 4), columns 8j + 2 (tw % 4)
+// + {0, 1}, go to the swizzled 16 B chunk j ^ (row % 8) of their row. Through stmatrix: 4
+// instructions per thread instead of 16 32-bit stores, each writing the 8 x 8 matrices
+// (chunk j, rows +0), (j, +8), (j + 1, +0), (j + 1, +8).
 template <typename Element, typename Frag>
 __device__ __forceinline__ void store_p_slab_stsm(uint32_t slab_addr, int tw, const Frag& s) {
   const int lane = tw % 32, m = lane / 8, rr = lane % 8;

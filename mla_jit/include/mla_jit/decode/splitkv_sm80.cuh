@@ -1,8 +1,8 @@
 // mla_jit decode: dense paged MLA split-KV kernel for Ampere / Ada (sm_80, sm_86, sm_89).
 //
-// Drop-in sibling of splitkv.cuh (sm_90a): same DecodeParams, scheduler metadata, o_accum /
-// lse_accum layouts and direct out/lse write for single-split batches, so the host code, the
-// metadata kernel and the combine kernel are shared. Only sm_80 features: mma.sync m16n8k16
+// Drop-in sibling of the sm_90a kernel (splitkv_ws.cuh, unfused): same DecodeParams, scheduler
+// metadata, o_accum / lse_accum layouts and direct out/lse write for single-split batches, so the
+// host code, the metadata kernel and the combine kernel are shared. Only sm_80 features: mma.sync m16n8k16
 // (bf16/fp16 in, fp32 accumulate), ldmatrix (x4, .trans for V), cp.async (16 B, .cg, zero-fill)
 // into XOR-swizzled shared memory, __syncthreads and named barriers (bar.sync id, count).
 // No TMA, no wgmma, no mbarrier, no griddepcontrol.
@@ -63,13 +63,10 @@
 namespace mla_jit {
 namespace decode {
 
-// Largest dynamic shared memory one block may opt in to, per arch.
-constexpr int kSmemLimitSm80 = 163 * 1024;
-constexpr int kSmemLimitSm86 = 99 * 1024;
-constexpr int kSmemLimitSm89 = 99 * 1024;
-
+// SMEM_LIMIT: the largest dynamic shared memory one block of the tuning arch may opt in to
+// (sm_80 163 KB, sm_86 / sm_89 99 KB; configs/decode.py picks the tiles to fit it).
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_, int BLOCK_N_,
-          int NUM_STAGES_, int NUM_WARPS_, int SMEM_LIMIT_ = kSmemLimitSm80>
+          int NUM_STAGES_, int NUM_WARPS_, int SMEM_LIMIT_>
 struct SplitKVSm80Config {
   using Element = Element_;
   static constexpr int HEAD_DIM = HEAD_DIM_;
@@ -158,17 +155,6 @@ struct SplitKVSm80Config {
   // Q-in-registers kernel (<= 168 registers), else 1 (a 128-thread CTA at <= 255 fits twice anyway).
   static constexpr int kMinBlocksPerSm = kQInRegs ? 3 : 1;
 };
-
-// The two tunings (see scratch notes): A100-class (163 KB smem) and Ada / GA10x (99 KB smem).
-struct SplitKVSm80Tuning {
-  static constexpr int BLOCK_M = 64, BLOCK_N = 32, NUM_STAGES = 2, NUM_WARPS = 8, SMEM_LIMIT = kSmemLimitSm80;
-};
-struct SplitKVSm89Tuning {
-  static constexpr int BLOCK_M = 32, BLOCK_N = 16, NUM_STAGES = 3, NUM_WARPS = 4, SMEM_LIMIT = kSmemLimitSm89;
-};
-template <typename Element, int HEAD_DIM, int HEAD_DIM_V, int PAGE_SIZE, typename T>
-using SplitKVSm80ConfigFor = SplitKVSm80Config<Element, HEAD_DIM, HEAD_DIM_V, PAGE_SIZE, T::BLOCK_M, T::BLOCK_N,
-                                               T::NUM_STAGES, T::NUM_WARPS, T::SMEM_LIMIT>;
 
 namespace sm80 {
 
@@ -416,14 +402,244 @@ __device__ __forceinline__ void store_o_row(const DecodeParams& p, PieceDest des
 // ==================================================================================================
 // BLOCK_M == 16: Q in registers, QK split over d across the 4 warps, P in registers.
 // ==================================================================================================
+namespace sm80 {
+
+// Per-thread state of the Q-in-registers kernel through its tile loop. Thread geometry of the
+// mma.sync fragments: lane = 4 g4 + tq of warp `warp`; the thread's rows are g4 and g4 + 8 of the
+// 16-row tile.
+template <typename Cfg>
+struct QRegsState {
+  static constexpr int NKS = Cfg::kQKSteps;       // k16 steps of d per warp
+  static constexpr int O_NT = Cfg::WARP_DV / 8;  // n8 tiles of O per warp
+  // Q A fragments of k16 steps 4 j + warp (rows g4, g4 + 8; columns 2 tq + {0, 1} (+ 8)).
+  unsigned qf[NKS][4];
+  float o[O_NT][4];  // O[:, warp * WARP_DV + ...] of the piece
+  float m_run[2];    // running max of rows g4, g4 + 8, log2 units (scaled)
+  float l_part[2];   // partial row sums over this thread's columns
+  int lim[2];        // first masked token of each row
+
+  __device__ __forceinline__ void clear_o() {
+#pragma unroll
+    for (int nt = 0; nt < O_NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
+  }
+  __device__ __forceinline__ void init() {
+    clear_o();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_run[h] = -kInf;
+      l_part[h] = 0.f;
+      lim[h] = 0;
+    }
+  }
+};
+
+// Piece start: Q of batch cur.bi straight into registers (padded rows are zero), the running max
+// and sums reset, the rows' mask limits.
+template <typename Cfg>
+__device__ __forceinline__ void qregs_start_piece(const DecodeParams& p, const LeanCursor& cur, QRegsState<Cfg>& st,
+                                                  int warp, int g4, int tq) {
+  using Element = typename Cfg::Element;
+  constexpr int NKS = Cfg::kQKSteps;
+  const int g = blockIdx.y, m_block = blockIdx.z;
+  const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)cur.bi * p.q_stride_b;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = m_block * 16 + g4 + 8 * h;
+    if (r < p.rows) {
+      const auto [s, head] = query_row(p, g, r);
+      const unsigned* qrow =
+          reinterpret_cast<const unsigned*>(qb + s * p.q_stride_s + head * p.q_stride_h + 16 * warp + 2 * tq);
+#pragma unroll
+      for (int j = 0; j < NKS; ++j) {
+        st.qf[j][h] = __ldg(qrow + 32 * j);          // columns 64 j + 16 warp + 2 tq + {0, 1}
+        st.qf[j][h + 2] = __ldg(qrow + 32 * j + 4);  // + 8
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < NKS; ++j) st.qf[j][h] = st.qf[j][h + 2] = 0u;
+    }
+    st.m_run[h] = -kInf;
+    st.l_part[h] = 0.f;
+    // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1. Never past the piece.
+    const int lc = p.causal ? cur.L - p.s_q + r / p.q_per_kv + 1 : cur.L;
+    st.lim[h] = min(lc, cur.stop);
+  }
+}
+
+// Partial S = Q K^T of the tile at sK over this warp's k16 steps, all tokens (k_lane: the lane's
+// K B-fragment offset).
+template <typename Cfg>
+__device__ __forceinline__ void qregs_partial_s(const QRegsState<Cfg>& st, unsigned sK, unsigned k_lane,
+                                                float (&s_acc)[Cfg::BLOCK_N / 8][4]) {
+  using Element = typename Cfg::Element;
+  constexpr int NKS = Cfg::kQKSteps, NTB = Cfg::BLOCK_N / 8, RC = Cfg::kRowChunks;
+#pragma unroll
+  for (int nt = 0; nt < NTB; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s_acc[nt][e] = 0.f;
+#pragma unroll
+  for (int j = 0; j < NKS; ++j) {
+#pragma unroll
+    for (int np = 0; np < NTB / 2; ++np) {
+      unsigned b[4];
+      ldsm_x4(b, sK + k_lane + unsigned(np * 16 * RC * 16 + j * 128));
+      Mma<Element>::run(s_acc[2 * np], st.qf[j], b[0], b[1]);
+      Mma<Element>::run(s_acc[2 * np + 1], st.qf[j], b[2], b[3]);
+    }
+  }
+}
+
+// The warps' partial S exchanged through xS (x_ld: this lane's float4 of warp 0's first n8 tile):
+// after barrier X every warp sums the four partials in the same order, so all warps hold
+// bit-identical S; then the mask (a select: NaN never survives).
+template <typename Cfg>
+__device__ __forceinline__ void qregs_reduce_s(float (&s_acc)[Cfg::BLOCK_N / 8][4], unsigned x_ld, int tok,
+                                               const int (&lim)[2], int warp, int tq) {
+  constexpr int NTB = Cfg::BLOCK_N / 8, W = Cfg::NUM_WARPS, BN = Cfg::BLOCK_N;
+#pragma unroll
+  for (int nt = 0; nt < NTB; ++nt) sts_f4(x_ld + unsigned((warp * NTB + nt) * 32 * 16), s_acc[nt]);
+  __syncthreads();  // X: all partials visible
+
+  // ---------------- S = sum of the 4 partials (same order in every warp), mask ----------------
+#pragma unroll
+  for (int nt = 0; nt < NTB; ++nt) {
+    lds_f4(s_acc[nt], x_ld + unsigned(nt * 32 * 16));
+#pragma unroll
+    for (int w2 = 1; w2 < W; ++w2) {
+      float v[4];
+      lds_f4(v, x_ld + unsigned((w2 * NTB + nt) * 32 * 16));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
+    }
+  }
+  if (tok + BN > min(lim[0], lim[1])) {
+#pragma unroll
+    for (int nt = 0; nt < NTB; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = tok + nt * 8 + 2 * tq + (e & 1);
+        if (t >= lim[e >> 1]) s_acc[nt][e] = -kInf;
+      }
+  }
+}
+
+// Online softmax (log2 domain) of S in place: P in registers as the A fragments pa of the P V
+// k16 steps, sc the O rescale of the thread's two rows.
+template <typename Cfg>
+__device__ __forceinline__ void qregs_softmax(const DecodeParams& p, float (&s_acc)[Cfg::BLOCK_N / 8][4],
+                                              QRegsState<Cfg>& st, float (&sc)[2],
+                                              unsigned (&pa)[Cfg::BLOCK_N / 16][4]) {
+  using Element = typename Cfg::Element;
+  constexpr int NTB = Cfg::BLOCK_N / 8, BN = Cfg::BLOCK_N;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -kInf;
+#pragma unroll
+    for (int nt = 0; nt < NTB; ++nt) mx = fmaxf(mx, fmaxf(s_acc[nt][2 * h], s_acc[nt][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(st.m_run[h], mx * p.scale_log2);
+    const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
+    sc[h] = exp2f(st.m_run[h] - m_use);
+    st.m_run[h] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NTB; ++nt) {
+      const float p0 = exp2f(fmaf(s_acc[nt][2 * h], p.scale_log2, -m_use));
+      const float p1 = exp2f(fmaf(s_acc[nt][2 * h + 1], p.scale_log2, -m_use));
+      sum += p0 + p1;
+      s_acc[nt][2 * h] = p0;
+      s_acc[nt][2 * h + 1] = p1;
+    }
+    st.l_part[h] = st.l_part[h] * sc[h] + sum;
+  }
+  // C fragments of n8 tiles 2 kt, 2 kt + 1 = the A fragment of k16 step kt.
+#pragma unroll
+  for (int kt = 0; kt < BN / 16; ++kt) {
+    pa[kt][0] = ElemTraits<Element>::pack2(s_acc[2 * kt][0], s_acc[2 * kt][1]);
+    pa[kt][1] = ElemTraits<Element>::pack2(s_acc[2 * kt][2], s_acc[2 * kt][3]);
+    pa[kt][2] = ElemTraits<Element>::pack2(s_acc[2 * kt + 1][0], s_acc[2 * kt + 1][1]);
+    pa[kt][3] = ElemTraits<Element>::pack2(s_acc[2 * kt + 1][2], s_acc[2 * kt + 1][3]);
+  }
+}
+
+// O = O * rescale + P V (16 rows x WARP_DV columns per warp), V of the tile at sK through
+// ldmatrix.trans (v_base, v_x: the lane's V B-fragment offsets).
+template <typename Cfg>
+__device__ __forceinline__ void qregs_pv(QRegsState<Cfg>& st, const float (&sc)[2],
+                                         const unsigned (&pa)[Cfg::BLOCK_N / 16][4], unsigned sK, unsigned v_base,
+                                         unsigned v_x) {
+  using Element = typename Cfg::Element;
+  constexpr int BN = Cfg::BLOCK_N, RC = Cfg::kRowChunks, O_NT = Cfg::WARP_DV / 8;
+  if (__any_sync(0xffffffffu, sc[0] != 1.f || sc[1] != 1.f)) {
+#pragma unroll
+    for (int nt = 0; nt < O_NT; ++nt) {
+      st.o[nt][0] *= sc[0];
+      st.o[nt][1] *= sc[0];
+      st.o[nt][2] *= sc[1];
+      st.o[nt][3] *= sc[1];
+    }
+  }
+#pragma unroll
+  for (int kt = 0; kt < BN / 16; ++kt) {
+#pragma unroll
+    for (int np = 0; np < O_NT / 2; ++np) {
+      unsigned b[4];
+      // chunk warp * WARP_DV / 8 + 2 np + a_chk: low bits 2 (np % 4) + a_chk, high (np / 4) * 8
+      ldsm_x4_trans(b, sK + v_base + (v_x ^ unsigned(32 * (np % 4))) + unsigned((np / 4) * 128 + kt * 16 * RC * 16));
+      Mma<Element>::run(st.o[2 * np], pa[kt], b[0], b[1]);
+      Mma<Element>::run(st.o[2 * np + 1], pa[kt], b[2], b[3]);
+    }
+  }
+}
+
+// Epilogue of a piece: O / l of the thread's rows into out or o_accum, the LSE (lse_writer: one
+// writer per row, warp 0's quad leader; every warp holds the same m_run and l), O cleared.
+template <typename Cfg>
+__device__ __forceinline__ void qregs_finish_piece(const DecodeParams& p, const int* meta, const LeanCursor& cur,
+                                                   QRegsState<Cfg>& st, int warp, int g4, int tq, bool lse_writer) {
+  using Element = typename Cfg::Element;
+  constexpr int DV = Cfg::HEAD_DIM_V, WARP_DV = Cfg::WARP_DV;
+  const int g = blockIdx.y, m_block = blockIdx.z;
+  float l[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] = st.l_part[h];
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+  // meta re-read here (not kept live: registers are tight at 3 CTAs / SM)
+  const PieceDest dest = piece_dest(p, cur.bi, cur.first_piece(meta) ? __ldg(meta + kMetaBeginSplit) : 0);
+  const int col_base = warp * WARP_DV + tq * 2;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = m_block * 16 + g4 + 8 * h;
+    if (r >= p.rows) continue;
+    store_o_row<Element, DV>(p, dest, cur.bi, g, r, col_base, st.o, h, l[h] > 0.f ? 1.f / l[h] : 0.f);
+  }
+  if (lse_writer) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = m_block * 16 + g4 + 8 * h;
+      if (r < p.rows) {
+        store_piece_lse(p, dest, cur.bi, g, r, l[h] > 0.f ? st.m_run[h] + log2f(l[h]) : -kInf);
+      }
+    }
+  }
+  st.clear_o();
+}
+
+}  // namespace sm80
+
+// Per KV tile: wait for it, barrier A, refill the freed stage, partial S, exchange (barrier X),
+// softmax, P V; at a piece's end its epilogue.
 template <typename Cfg>
 __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, const typename Cfg::Element* k_cache) {
-  using Element = typename Cfg::Element;
-  constexpr int BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V, NS = Cfg::NUM_STAGES, W = Cfg::NUM_WARPS;
+  constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
   constexpr int RC = Cfg::kRowChunks, WARP_DV = Cfg::WARP_DV;
-  constexpr int NKS = Cfg::kQKSteps;  // k16 steps of d per warp
-  constexpr int NTB = BN / 8;         // n8 tiles of S (all tokens of the tile)
-  constexpr int O_NT = WARP_DV / 8;   // n8 tiles of O per warp
+  constexpr int NTB = BN / 8;  // n8 tiles of S (all tokens of the tile)
 
   extern __shared__ __align__(128) unsigned char smem[];
   const unsigned s_base = sm80::smem_u32(smem);
@@ -433,7 +649,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const int g4 = lane / 4, tq = lane % 4, r7 = lane % 8;
-  const int part = blockIdx.x, g = blockIdx.y, m_block = blockIdx.z;
+  const int part = blockIdx.x, g = blockIdx.y;
 
   const int* meta = p.tile_scheduler_metadata + part * kMetaSize;
   const int* seqlens = p.cache_seqlens;
@@ -446,19 +662,8 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
   sm80::LeanCursor cur;
   cur.init(meta, seqlens);
 
-  // Q A fragments of k16 steps 4 j + warp (rows g4, g4 + 8; columns 2 tq + {0, 1} (+ 8)).
-  unsigned qf[NKS][4];
-  float o[O_NT][4];
-  auto clear_o = [&]() {
-#pragma unroll
-    for (int nt = 0; nt < O_NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
-  };
-  clear_o();
-  float m_run[2] = {-kInf, -kInf};  // running max of rows g4, g4 + 8, log2 units (scaled)
-  float l_part[2] = {0.f, 0.f};     // partial row sums over this thread's columns
-  int lim[2] = {0, 0};              // first masked token of each row
+  sm80::QRegsState<Cfg> st;
+  st.init();
 
   // K B fragments (x4: tokens 16 np + {0..7, 8..15} x chunks 8 j + 2 warp + {0, 1}): lane base.
   const unsigned k_lane = unsigned((8 * (lane / 16) + r7) * RC) * 16u + unsigned(((2 * warp + (lane / 8) % 2) ^ r7) * 16);
@@ -474,30 +679,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
   int stage = 0;
   while (cur.valid()) {
     if (piece_start) {
-      // Q of batch cur.bi straight into registers; padded rows are zero.
-      const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)cur.bi * p.q_stride_b;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = m_block * 16 + g4 + 8 * h;
-        if (r < p.rows) {
-          const auto [s, head] = query_row(p, g, r);
-          const unsigned* qrow =
-              reinterpret_cast<const unsigned*>(qb + s * p.q_stride_s + head * p.q_stride_h + 16 * warp + 2 * tq);
-#pragma unroll
-          for (int j = 0; j < NKS; ++j) {
-            qf[j][h] = __ldg(qrow + 32 * j);          // columns 64 j + 16 warp + 2 tq + {0, 1}
-            qf[j][h + 2] = __ldg(qrow + 32 * j + 4);  // + 8
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < NKS; ++j) qf[j][h] = qf[j][h + 2] = 0u;
-        }
-        m_run[h] = -kInf;
-        l_part[h] = 0.f;
-        // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1. Never past the piece.
-        const int lc = p.causal ? cur.L - p.s_q + r / p.q_per_kv + 1 : cur.L;
-        lim[h] = min(lc, cur.stop);
-      }
+      sm80::qregs_start_piece<Cfg>(p, cur, st, warp, g4, tq);
       piece_start = false;
     }
 
@@ -508,134 +690,15 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
     const unsigned sK = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
     const bool last = cur.tok + BN >= cur.stop;
 
-    // ---------------- partial S = Q K^T over this warp's k16 steps, all tokens ----------------
     float s_acc[NTB][4];
-#pragma unroll
-    for (int nt = 0; nt < NTB; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s_acc[nt][e] = 0.f;
-#pragma unroll
-    for (int j = 0; j < NKS; ++j) {
-#pragma unroll
-      for (int np = 0; np < NTB / 2; ++np) {
-        unsigned b[4];
-        sm80::ldsm_x4(b, sK + k_lane + unsigned(np * 16 * RC * 16 + j * 128));
-        sm80::Mma<Element>::run(s_acc[2 * np], qf[j], b[0], b[1]);
-        sm80::Mma<Element>::run(s_acc[2 * np + 1], qf[j], b[2], b[3]);
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < NTB; ++nt) sm80::sts_f4(x_ld + unsigned((warp * NTB + nt) * 32 * 16), s_acc[nt]);
-    __syncthreads();  // X: all partials visible
-
-    // ---------------- S = sum of the 4 partials (same order in every warp), mask ----------------
-#pragma unroll
-    for (int nt = 0; nt < NTB; ++nt) {
-      sm80::lds_f4(s_acc[nt], x_ld + unsigned(nt * 32 * 16));
-#pragma unroll
-      for (int w2 = 1; w2 < W; ++w2) {
-        float v[4];
-        sm80::lds_f4(v, x_ld + unsigned((w2 * NTB + nt) * 32 * 16));
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
-      }
-    }
-    if (cur.tok + BN > min(lim[0], lim[1])) {
-#pragma unroll
-      for (int nt = 0; nt < NTB; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = cur.tok + nt * 8 + 2 * tq + (e & 1);
-          if (t >= lim[e >> 1]) s_acc[nt][e] = -kInf;
-        }
-    }
-
-    // ---------------- online softmax (log2 domain), P in registers ----------------
+    sm80::qregs_partial_s<Cfg>(st, sK, k_lane, s_acc);
+    sm80::qregs_reduce_s<Cfg>(s_acc, x_ld, cur.tok, st.lim, warp, tq);
     float sc[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = -kInf;
-#pragma unroll
-      for (int nt = 0; nt < NTB; ++nt) mx = fmaxf(mx, fmaxf(s_acc[nt][2 * h], s_acc[nt][2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_run[h], mx * p.scale_log2);
-      const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
-      sc[h] = exp2f(m_run[h] - m_use);
-      m_run[h] = m_new;
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < NTB; ++nt) {
-        const float p0 = exp2f(fmaf(s_acc[nt][2 * h], p.scale_log2, -m_use));
-        const float p1 = exp2f(fmaf(s_acc[nt][2 * h + 1], p.scale_log2, -m_use));
-        sum += p0 + p1;
-        s_acc[nt][2 * h] = p0;
-        s_acc[nt][2 * h + 1] = p1;
-      }
-      l_part[h] = l_part[h] * sc[h] + sum;
-    }
-    // C fragments of n8 tiles 2 kt, 2 kt + 1 = the A fragment of k16 step kt.
     unsigned pa[BN / 16][4];
-#pragma unroll
-    for (int kt = 0; kt < BN / 16; ++kt) {
-      pa[kt][0] = ElemTraits<Element>::pack2(s_acc[2 * kt][0], s_acc[2 * kt][1]);
-      pa[kt][1] = ElemTraits<Element>::pack2(s_acc[2 * kt][2], s_acc[2 * kt][3]);
-      pa[kt][2] = ElemTraits<Element>::pack2(s_acc[2 * kt + 1][0], s_acc[2 * kt + 1][1]);
-      pa[kt][3] = ElemTraits<Element>::pack2(s_acc[2 * kt + 1][2], s_acc[2 * kt + 1][3]);
-    }
-
-    // ---------------- O = O * rescale + P V (16 rows x WARP_DV columns per warp) ----------------
-    if (__any_sync(0xffffffffu, sc[0] != 1.f || sc[1] != 1.f)) {
-#pragma unroll
-      for (int nt = 0; nt < O_NT; ++nt) {
-        o[nt][0] *= sc[0];
-        o[nt][1] *= sc[0];
-        o[nt][2] *= sc[1];
-        o[nt][3] *= sc[1];
-      }
-    }
-#pragma unroll
-    for (int kt = 0; kt < BN / 16; ++kt) {
-#pragma unroll
-      for (int np = 0; np < O_NT / 2; ++np) {
-        unsigned b[4];
-        // chunk warp * WARP_DV / 8 + 2 np + a_chk: low bits 2 (np % 4) + a_chk, high (np / 4) * 8
-        sm80::ldsm_x4_trans(b, sK + v_base + (v_x ^ unsigned(32 * (np % 4))) + unsigned((np / 4) * 128 + kt * 16 * RC * 16));
-        sm80::Mma<Element>::run(o[2 * np], pa[kt], b[0], b[1]);
-        sm80::Mma<Element>::run(o[2 * np + 1], pa[kt], b[2], b[3]);
-      }
-    }
-
-    // ---------------- epilogue of a piece ----------------
+    sm80::qregs_softmax<Cfg>(p, s_acc, st, sc, pa);
+    sm80::qregs_pv<Cfg>(st, sc, pa, sK, v_base, v_x);
     if (last) {
-      float l[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        l[h] = l_part[h];
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-      }
-      // meta re-read here (not kept live: registers are tight at 3 CTAs / SM)
-      const PieceDest dest = piece_dest(
-          p, cur.bi, cur.first_piece(meta) ? __ldg(meta + kMetaBeginSplit) : 0);
-      const int col_base = warp * WARP_DV + tq * 2;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = m_block * 16 + g4 + 8 * h;
-        if (r >= p.rows) continue;
-        sm80::store_o_row<Element, DV>(p, dest, cur.bi, g, r, col_base, o, h, l[h] > 0.f ? 1.f / l[h] : 0.f);
-      }
-      // LSE: one writer per row (warp 0, quad leader); every warp holds the same m_run and l.
-      if (warp == 0 && tq == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = m_block * 16 + g4 + 8 * h;
-          if (r < p.rows) {
-            store_piece_lse(p, dest, cur.bi, g, r, l[h] > 0.f ? m_run[h] + log2f(l[h]) : -kInf);
-          }
-        }
-      }
-      clear_o();
+      sm80::qregs_finish_piece<Cfg>(p, meta, cur, st, warp, g4, tq, /*lse_writer=*/warp == 0 && tq == 0);
       piece_start = true;
     }
     stage = stage + 1 == NS ? 0 : stage + 1;
@@ -647,14 +710,330 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
 // ==================================================================================================
 // BLOCK_M in {32, 64}: Q in shared memory, QK by warp pairs split over d, P through shared memory.
 // ==================================================================================================
+namespace sm80 {
+
+// O = 0 (this warp's O_MT x O_NT accumulator fragments).
+template <int O_MT, int O_NT>
+__device__ __forceinline__ void clear_o(float (&o)[O_MT][O_NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < O_MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < O_NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.f;
+}
+
+// Q of batch bi (all BLOCK_M rows) into smem, by every thread.
+template <typename Cfg>
+__device__ __forceinline__ void qsmem_load_q(const DecodeParams& p, unsigned char* smem, int bi, int tid, int m_block,
+                                             int g) {
+  using Element = typename Cfg::Element;
+  constexpr int BM = Cfg::BLOCK_M, NT = Cfg::NUM_THREADS, RC = Cfg::kRowChunks;
+  const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)bi * p.q_stride_b;
+#pragma unroll 6
+  for (int it = 0; it < (Cfg::kQChunks + NT - 1) / NT; ++it) {
+    const int idx = it * NT + tid;
+    if (Cfg::kQChunks % NT == 0 || idx < Cfg::kQChunks) {
+      const int lr = idx / RC, c = idx % RC;
+      const int r = m_block * BM + lr;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);  // padded rows are zero
+      if (r < p.rows) {
+        const auto [s, head] = query_row(p, g, r);
+        v = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + c * 8));
+      }
+      *reinterpret_cast<uint4*>(smem + Cfg::kOffQ + swz<RC>(lr, c)) = v;
+    }
+  }
+}
+
+// Pair exchange through xS (x_st: this lane's slot of this warp, x_ld: this lane's float4 of warp 0):
+// keep row tile kd, give row tile 1 - kd to warp ^ 1 (selects, not dynamic indexing), add what the
+// partner gave.
+template <typename Cfg>
+__device__ __forceinline__ void qsmem_exchange_pairs(const float (&sp)[2][Cfg::S_NT][4], int kd, int warp,
+                                                     unsigned x_st, unsigned x_ld, float (&s_acc)[Cfg::S_NT][4]) {
+  constexpr int S_NT = Cfg::S_NT;
+#pragma unroll
+  for (int nt = 0; nt < S_NT; ++nt) {
+    float give[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      give[e] = kd ? sp[0][nt][e] : sp[1][nt][e];
+      s_acc[nt][e] = kd ? sp[1][nt][e] : sp[0][nt][e];
+    }
+    sts_f4(x_st + unsigned(nt * 32 * 16), give);
+  }
+  group_barrier_sync<Cfg::NUM_WARPS / 2, 2>(warp >> 1);
+#pragma unroll
+  for (int nt = 0; nt < S_NT; ++nt) {
+    float v[4];
+    lds_f4(v, x_ld + unsigned(((warp ^ 1) * S_NT + nt) * 32 * 16));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
+  }
+}
+
+// Quad reduce-scatter through xS: block b = (row tile b & 1, token group b >> 1) belongs to warp
+// kd = b; s_acc gets this warp's block summed over the quad.
+template <typename Cfg>
+__device__ __forceinline__ void qsmem_exchange_quads(const float (&sp)[2][2 * Cfg::S_NT][4], int kd, int rg, int warp,
+                                                     unsigned x_st, unsigned x_ld, float (&s_acc)[Cfg::S_NT][4]) {
+  constexpr int S_NT = Cfg::S_NT, XS = Cfg::kXSlots;
+  if constexpr (Cfg::kXRounds == 1) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      if (b == kd) {
+#pragma unroll
+        for (int nt = 0; nt < S_NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s_acc[nt][e] = sp[b & 1][(b >> 1) * S_NT + nt][e];
+      } else {
+        const int slot = b < kd ? b : b - 1;
+#pragma unroll
+        for (int nt = 0; nt < S_NT; ++nt)
+          sts_f4(x_st + unsigned((slot * S_NT + nt) * 32 * 16), sp[b & 1][(b >> 1) * S_NT + nt]);
+      }
+    }
+    group_barrier_sync<Cfg::NUM_WARPS / 4, 4>(rg);
+#pragma unroll
+    for (int k2 = 0; k2 < 4; ++k2) {
+      if (k2 != kd) {
+        const int slot = kd < k2 ? kd : kd - 1;  // where warp k2 put block kd
+#pragma unroll
+        for (int nt = 0; nt < S_NT; ++nt) {
+          float v[4];
+          lds_f4(v, x_ld + unsigned((((4 * rg + k2) * 3 + slot) * S_NT + nt) * 32 * 16));
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
+        }
+      }
+    }
+  } else {
+    // Round 1, with warp kd ^ 2 (the other token group): publish the two blocks of the other
+    // token group (slot = row tile), add the partner's two blocks of this one.
+    const int tg = kd >> 1;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int nt = 0; nt < S_NT; ++nt) {
+        float give[4];  // element-wise selects: a select of two array references goes to local memory
+#pragma unroll
+        for (int e = 0; e < 4; ++e) give[e] = tg ? sp[mi][nt][e] : sp[mi][S_NT + nt][e];
+        sts_f4(x_st + unsigned((mi * S_NT + nt) * 32 * 16), give);
+      }
+    group_barrier_sync<Cfg::NUM_WARPS / 4, 4>(rg);
+    float kept[2][S_NT][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int nt = 0; nt < S_NT; ++nt) {
+        float v[4];
+        lds_f4(v, x_ld + unsigned((((warp ^ 2) * XS + mi) * S_NT + nt) * 32 * 16));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) kept[mi][nt][e] = (tg ? sp[mi][S_NT + nt][e] : sp[mi][nt][e]) + v[e];
+      }
+    group_barrier_sync<Cfg::NUM_WARPS / 4, 4>(rg);  // the partner read this warp's slots
+    // Round 2, with warp kd ^ 1 (the other row tile): publish its row tile, keep this one.
+    const int mine = kd & 1;
+#pragma unroll
+    for (int nt = 0; nt < S_NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s_acc[nt][e] = mine ? kept[1][nt][e] : kept[0][nt][e];
+      float give[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) give[e] = mine ? kept[0][nt][e] : kept[1][nt][e];
+      sts_f4(x_st + unsigned(nt * 32 * 16), give);
+    }
+    group_barrier_sync<Cfg::NUM_WARPS / 4, 4>(rg);
+#pragma unroll
+    for (int nt = 0; nt < S_NT; ++nt) {
+      float v[4];
+      lds_f4(v, x_ld + unsigned(((warp ^ 1) * XS * S_NT + nt) * 32 * 16));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
+    }
+  }
+}
+
+// Mask (select: NaN never survives) of this warp's S block of the tile starting at token tok, and
+// its local row maxima into red_max[wn][row] (s_col0: the thread's first S column, q_row0: its
+// first row).
+template <typename Cfg>
+__device__ __forceinline__ void qsmem_mask_row_max(float (&s_acc)[Cfg::S_NT][4], int tok, const int (&lim)[2],
+                                                   int s_col0, int q_row0, int wn, int lane, float* red_max) {
+  constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, S_NT = Cfg::S_NT;
+  if (tok + BN > min(lim[0], lim[1])) {
+#pragma unroll
+    for (int nt = 0; nt < S_NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = tok + s_col0 + nt * 8 + (e & 1);
+        if (t >= lim[e >> 1]) s_acc[nt][e] = -kInf;
+      }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -kInf;
+#pragma unroll
+    for (int nt = 0; nt < S_NT; ++nt) mx = fmaxf(mx, fmaxf(s_acc[nt][2 * h], s_acc[nt][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    if ((lane & 3) == 0) red_max[wn * BM + q_row0 + 8 * h] = mx;
+  }
+}
+
+// Online softmax (log2 domain) with the rows' maxima over all token groups (red_max, after
+// barrier B): P -> smem, the O rescale of each row -> row_scale, and at a piece's last tile the
+// group's row sums -> red_sum.
+template <typename Cfg>
+__device__ __forceinline__ void qsmem_softmax(const DecodeParams& p, const float (&s_acc)[Cfg::S_NT][4],
+                                              float (&m_run)[2], float (&l_part)[2], int q_row0, int s_col0, int wn,
+                                              int lane, bool last, unsigned char* smem) {
+  using Element = typename Cfg::Element;
+  constexpr int BM = Cfg::BLOCK_M, WN = Cfg::WN, S_NT = Cfg::S_NT, PRC = Cfg::kPRowChunks;
+  unsigned char* p_gen = smem + Cfg::kOffP;
+  const float* red_max = reinterpret_cast<const float*>(smem + Cfg::kOffRedMax);
+  float* red_sum = reinterpret_cast<float*>(smem + Cfg::kOffRedSum);
+  float* row_scale = reinterpret_cast<float*>(smem + Cfg::kOffRowScale);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = q_row0 + 8 * h;
+    float mx = red_max[row];
+#pragma unroll
+    for (int j = 1; j < WN; ++j) mx = fmaxf(mx, red_max[j * BM + row]);
+    const float m_new = fmaxf(m_run[h], mx * p.scale_log2);
+    const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
+    const float sc = exp2f(m_run[h] - m_use);
+    m_run[h] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < S_NT; ++nt) {
+      const float p0 = exp2f(fmaf(s_acc[nt][2 * h], p.scale_log2, -m_use));
+      const float p1 = exp2f(fmaf(s_acc[nt][2 * h + 1], p.scale_log2, -m_use));
+      sum += p0 + p1;
+      const int col = s_col0 + nt * 8;
+      *reinterpret_cast<unsigned*>(p_gen + swz<PRC>(row, col / 8) + (col % 8) * 2) = ElemTraits<Element>::pack2(p0, p1);
+    }
+    l_part[h] = l_part[h] * sc + sum;
+    if (wn == 0 && (lane & 3) == 0) row_scale[row] = sc;
+    if (last) {
+      float l = l_part[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      if ((lane & 3) == 0) red_sum[wn * BM + row] = l;
+    }
+  }
+}
+
+// O = O * row_scale + P V for the tile in stage sKt: this warp's O_MT x O_NT fragments (P from
+// smem at sP, V through ldmatrix.trans; v_lane: the lane's V B-fragment offset).
+template <typename Cfg, int O_MT, int O_NT>
+__device__ __forceinline__ void qsmem_pv_tile(float (&o)[O_MT][O_NT][4], unsigned sKt, unsigned sP, const float* row_scale,
+                                              unsigned v_lane, int lane) {
+  using Element = typename Cfg::Element;
+  constexpr int BN = Cfg::BLOCK_N, RC = Cfg::kRowChunks, PRC = Cfg::kPRowChunks;
+  const int a_chk = lane / 16;
+  {
+    float scl[O_MT][2];
+    bool rescale = false;
+#pragma unroll
+    for (int mt = 0; mt < O_MT; ++mt) {
+      scl[mt][0] = row_scale[mt * 16 + lane / 4];
+      scl[mt][1] = row_scale[mt * 16 + lane / 4 + 8];
+      rescale |= scl[mt][0] != 1.f || scl[mt][1] != 1.f;
+    }
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int mt = 0; mt < O_MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < O_NT; ++nt) {
+          o[mt][nt][0] *= scl[mt][0];
+          o[mt][nt][1] *= scl[mt][0];
+          o[mt][nt][2] *= scl[mt][1];
+          o[mt][nt][3] *= scl[mt][1];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int kt = 0; kt < BN / 16; ++kt) {
+    unsigned a[O_MT][4];
+#pragma unroll
+    for (int mt = 0; mt < O_MT; ++mt) ldsm_x4(a[mt], sP + swz<PRC>(mt * 16 + (lane % 16), kt * 2 + a_chk));
+#pragma unroll
+    for (int np = 0; np < O_NT / 2; ++np) {
+      unsigned b[4];
+      // chunk o_col0 / 8 + 2 np + a_chk: low bits 2 (np % 4) + a_chk, high (np / 4) * 8
+      ldsm_x4_trans(b, sKt + (v_lane ^ unsigned(32 * (np % 4))) + unsigned((np / 4) * 128 + kt * 16 * RC * 16));
+#pragma unroll
+      for (int mt = 0; mt < O_MT; ++mt) {
+        Mma<Element>::run(o[mt][2 * np], a[mt], b[0], b[1]);
+        Mma<Element>::run(o[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// A finished piece: O rows / l into out or o_accum, the LSE, then fresh state for the next one
+// (l: the rows' sums over the token groups, red_sum; o_col0: this warp's first O column).
+template <typename Cfg, int O_MT, int O_NT>
+__device__ __forceinline__ void qsmem_finish_piece(const DecodeParams& p, const int* meta, int bi, bool first_piece,
+                                                   float (&o)[O_MT][O_NT][4], float (&m_run)[2], float (&l_part)[2],
+                                                   const float* red_sum, int o_col0, int q_row0, int wn, int lane) {
+  using Element = typename Cfg::Element;
+  constexpr int BM = Cfg::BLOCK_M, DV = Cfg::HEAD_DIM_V, WN = Cfg::WN;
+  const int g = blockIdx.y, m_block = blockIdx.z;
+  const PieceDest dest = piece_dest(p, bi, first_piece ? __ldg(meta + kMetaBeginSplit) : 0);
+  const int col_base = o_col0 + (lane % 4) * 2;
+#pragma unroll
+  for (int mt = 0; mt < O_MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int lr = mt * 16 + lane / 4 + 8 * h;
+      const int r = m_block * BM + lr;
+      if (r >= p.rows) continue;
+      float l = red_sum[lr];
+#pragma unroll
+      for (int j = 1; j < WN; ++j) l += red_sum[j * BM + lr];
+      store_o_row<Element, DV>(p, dest, bi, g, r, col_base, o[mt], h, l > 0.f ? 1.f / l : 0.f);
+    }
+  }
+  // LSE: one writer per row (QK layout, wn == 0, quad leader), which holds m_run of the row.
+  if (wn == 0 && (lane & 3) == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int lr = q_row0 + 8 * h;
+      const int r = m_block * BM + lr;
+      if (r < p.rows) {
+        float l = red_sum[lr];
+#pragma unroll
+        for (int j = 1; j < WN; ++j) l += red_sum[j * BM + lr];
+        store_piece_lse(p, dest, bi, g, r, l > 0.f ? m_run[h] + log2f(l) : -kInf);
+      }
+    }
+  }
+  clear_o(o);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    m_run[h] = -kInf;
+    l_part[h] = 0.f;
+  }
+}
+
+}  // namespace sm80
+
+// Per KV tile: wait for it, barrier A, refill the freed stage, partial S and its exchange, mask and
+// row maxima, barrier B, softmax (P -> smem), barrier C, P V; at a piece's end its epilogue. The
+// partial S MMA loops stay inline and O / m_run / l_part / lim stay separate locals (no state
+// struct): either change moved ptxas's register assignment of this ~250-register kernel by a few
+// moves, on some targets for the worse.
 template <typename Cfg>
 __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, const typename Cfg::Element* k_cache) {
   using Element = typename Cfg::Element;
-  using sm80::swz;
-  constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
-  constexpr int NS = Cfg::NUM_STAGES, NT = Cfg::NUM_THREADS;
+  constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N;
+  constexpr int NS = Cfg::NUM_STAGES;
   constexpr int WN = Cfg::WN, WARP_N = Cfg::WARP_N, WARP_DV = Cfg::WARP_DV;
-  constexpr int RC = Cfg::kRowChunks, PRC = Cfg::kPRowChunks;
+  constexpr int RC = Cfg::kRowChunks;
   constexpr int S_NT = Cfg::S_NT;     // n8 tiles of S per warp
   constexpr int O_MT = Cfg::WM;       // m16 tiles of O per warp (all BLOCK_M rows)
   constexpr int O_NT = WARP_DV / 8;   // n8 tiles of O per warp
@@ -665,7 +1044,6 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
   const unsigned sKV = s_base + Cfg::kOffKV;
   const unsigned sP = s_base + Cfg::kOffP;
   const unsigned sX = s_base + Cfg::kOffP;  // xS shares P's region (disjoint lifetimes, see header)
-  unsigned char* p_gen = smem + Cfg::kOffP;
   float* red_max = reinterpret_cast<float*>(smem + Cfg::kOffRedMax);
   float* red_sum = reinterpret_cast<float*>(smem + Cfg::kOffRedSum);
   float* row_scale = reinterpret_cast<float*>(smem + Cfg::kOffRowScale);
@@ -705,16 +1083,8 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
   sm80::LeanCursor cur;
   cur.init(meta, seqlens);
 
-  float o[O_MT][O_NT][4];
-  auto clear_o = [&]() {
-#pragma unroll
-    for (int mt = 0; mt < O_MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < O_NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.f;
-  };
-  clear_o();
+  float o[O_MT][O_NT][4];  // all BLOCK_M rows x this warp's WARP_DV columns of O
+  sm80::clear_o(o);
 
   // QK-layout rows of this thread (after the pair exchange): local rows q_row0 and q_row0 + 8.
   const int q_row0 = wm * 16 + lane / 4;
@@ -753,106 +1123,6 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
   const unsigned x_st = sX + unsigned(warp * XS * S_NT * 32 + lane) * 16u;
   const unsigned x_ld = sX + unsigned(lane) * 16u;
 
-  // O = O * row_scale + P V for the tile in stage sKt: this warp's O_MT x O_NT fragments.
-  auto pv_tile = [&](unsigned sKt) {
-    {
-      float scl[O_MT][2];
-      bool rescale = false;
-#pragma unroll
-      for (int mt = 0; mt < O_MT; ++mt) {
-        scl[mt][0] = row_scale[mt * 16 + lane / 4];
-        scl[mt][1] = row_scale[mt * 16 + lane / 4 + 8];
-        rescale |= scl[mt][0] != 1.f || scl[mt][1] != 1.f;
-      }
-      if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-        for (int mt = 0; mt < O_MT; ++mt) {
-#pragma unroll
-          for (int nt = 0; nt < O_NT; ++nt) {
-            o[mt][nt][0] *= scl[mt][0];
-            o[mt][nt][1] *= scl[mt][0];
-            o[mt][nt][2] *= scl[mt][1];
-            o[mt][nt][3] *= scl[mt][1];
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int kt = 0; kt < BN / 16; ++kt) {
-      unsigned a[O_MT][4];
-#pragma unroll
-      for (int mt = 0; mt < O_MT; ++mt)
-        sm80::ldsm_x4(a[mt], sP + swz<PRC>(mt * 16 + (lane % 16), kt * 2 + a_chk));
-#pragma unroll
-      for (int np = 0; np < O_NT / 2; ++np) {
-        unsigned b[4];
-        // chunk o_col0 / 8 + 2 np + a_chk: low bits 2 (np % 4) + a_chk, high (np / 4) * 8
-        sm80::ldsm_x4_trans(b, sKt + (v_lane ^ unsigned(32 * (np % 4))) + unsigned((np / 4) * 128 + kt * 16 * RC * 16));
-#pragma unroll
-        for (int mt = 0; mt < O_MT; ++mt) {
-          sm80::Mma<Element>::run(o[mt][2 * np], a[mt], b[0], b[1]);
-          sm80::Mma<Element>::run(o[mt][2 * np + 1], a[mt], b[2], b[3]);
-        }
-      }
-    }
-  };
-  // A finished piece: O rows / l into out or o_accum, the LSE, then fresh state for the next one.
-  auto finish_piece = [&](int bi, bool first_piece) {
-    const PieceDest dest = piece_dest(p, bi, first_piece ? __ldg(meta + kMetaBeginSplit) : 0);
-    const int col_base = o_col0 + (lane % 4) * 2;
-#pragma unroll
-    for (int mt = 0; mt < O_MT; ++mt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int lr = mt * 16 + lane / 4 + 8 * h;
-        const int r = m_block * BM + lr;
-        if (r >= p.rows) continue;
-        float l = red_sum[lr];
-#pragma unroll
-        for (int j = 1; j < WN; ++j) l += red_sum[j * BM + lr];
-        sm80::store_o_row<Element, DV>(p, dest, bi, g, r, col_base, o[mt], h, l > 0.f ? 1.f / l : 0.f);
-      }
-    }
-    // LSE: one writer per row (QK layout, wn == 0, quad leader), which holds m_run of the row.
-    if (wn == 0 && (lane & 3) == 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int lr = q_row0 + 8 * h;
-        const int r = m_block * BM + lr;
-        if (r < p.rows) {
-          float l = red_sum[lr];
-#pragma unroll
-          for (int j = 1; j < WN; ++j) l += red_sum[j * BM + lr];
-          store_piece_lse(p, dest, bi, g, r, l > 0.f ? m_run[h] + log2f(l) : -kInf);
-        }
-      }
-    }
-    clear_o();
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      m_run[h] = -kInf;
-      l_part[h] = 0.f;
-    }
-  };
-  // Q of batch bi (all BLOCK_M rows) into smem, by every thread.
-  auto load_q = [&](int bi) {
-    const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)bi * p.q_stride_b;
-#pragma unroll 6
-    for (int it = 0; it < (Cfg::kQChunks + NT - 1) / NT; ++it) {
-      const int idx = it * NT + tid;
-      if (Cfg::kQChunks % NT == 0 || idx < Cfg::kQChunks) {
-        const int lr = idx / RC, c = idx % RC;
-        const int r = m_block * BM + lr;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);  // padded rows are zero
-        if (r < p.rows) {
-          const auto [s, head] = query_row(p, g, r);
-          v = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + c * 8));
-        }
-        *reinterpret_cast<uint4*>(smem + Cfg::kOffQ + swz<RC>(lr, c)) = v;
-      }
-    }
-  };
-
   bool piece_start = true;
   int stage = 0;
   sm80::PhaseTrace<Cfg::NUM_WARPS> phases(warp, lane);
@@ -860,7 +1130,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
     if (piece_start) {
       // Safe: every warp finished reading the previous Q (S of the previous tile) before barrier B
       // of that tile. Visible to all after barrier A below.
-      load_q(cur.bi);
+      sm80::qsmem_load_q<Cfg>(p, smem, cur.bi, tid, m_block, g);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = m_block * BM + q_row0 + 8 * h;
@@ -910,25 +1180,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
         }
       }
       phases.mark(2);
-      // Pair exchange: keep row tile kd, give row tile 1 - kd to warp ^ 1 (selects, not dynamic indexing).
-#pragma unroll
-      for (int nt = 0; nt < S_NT; ++nt) {
-        float give[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          give[e] = kd ? sp[0][nt][e] : sp[1][nt][e];
-          s_acc[nt][e] = kd ? sp[1][nt][e] : sp[0][nt][e];
-        }
-        sm80::sts_f4(x_st + unsigned(nt * 32 * 16), give);
-      }
-      sm80::group_barrier_sync<Cfg::NUM_WARPS / 2, 2>(warp >> 1);
-#pragma unroll
-      for (int nt = 0; nt < S_NT; ++nt) {
-        float v[4];
-        sm80::lds_f4(v, x_ld + unsigned(((warp ^ 1) * S_NT + nt) * 32 * 16));
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
-      }
+      sm80::qsmem_exchange_pairs<Cfg>(sp, kd, warp, x_st, x_ld, s_acc);
     } else {
       // ---------------- partial S = Q K^T (32 rows x BLOCK_N over a quarter of d per warp) ----------------
       float sp[2][2 * S_NT][4];  // [m16 tile][n8 tile of the whole tile]
@@ -955,141 +1207,23 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
         }
       }
       phases.mark(2);
-      // Quad reduce-scatter: block b = (row tile b & 1, token group b >> 1) belongs to warp kd = b.
-      if constexpr (Cfg::kXRounds == 1) {
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          if (b == kd) {
-#pragma unroll
-            for (int nt = 0; nt < S_NT; ++nt)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) s_acc[nt][e] = sp[b & 1][(b >> 1) * S_NT + nt][e];
-          } else {
-            const int slot = b < kd ? b : b - 1;
-#pragma unroll
-            for (int nt = 0; nt < S_NT; ++nt)
-              sm80::sts_f4(x_st + unsigned((slot * S_NT + nt) * 32 * 16), sp[b & 1][(b >> 1) * S_NT + nt]);
-          }
-        }
-        sm80::group_barrier_sync<Cfg::NUM_WARPS / 4, 4>(rg);
-#pragma unroll
-        for (int k2 = 0; k2 < 4; ++k2) {
-          if (k2 != kd) {
-            const int slot = kd < k2 ? kd : kd - 1;  // where warp k2 put block kd
-#pragma unroll
-            for (int nt = 0; nt < S_NT; ++nt) {
-              float v[4];
-              sm80::lds_f4(v, x_ld + unsigned((((4 * rg + k2) * 3 + slot) * S_NT + nt) * 32 * 16));
-#pragma unroll
-              for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
-            }
-          }
-        }
-      } else {
-        // Round 1, with warp kd ^ 2 (the other token group): publish the two blocks of the other
-        // token group (slot = row tile), add the partner's two blocks of this one.
-        const int tg = kd >> 1;
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int nt = 0; nt < S_NT; ++nt) {
-            float give[4];  // element-wise selects: a select of two array references goes to local memory
-#pragma unroll
-            for (int e = 0; e < 4; ++e) give[e] = tg ? sp[mi][nt][e] : sp[mi][S_NT + nt][e];
-            sm80::sts_f4(x_st + unsigned((mi * S_NT + nt) * 32 * 16), give);
-          }
-        sm80::group_barrier_sync<Cfg::NUM_WARPS / 4, 4>(rg);
-        float kept[2][S_NT][4];
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int nt = 0; nt < S_NT; ++nt) {
-            float v[4];
-            sm80::lds_f4(v, x_ld + unsigned((((warp ^ 2) * XS + mi) * S_NT + nt) * 32 * 16));
-#pragma unroll
-            for (int e = 0; e < 4; ++e) kept[mi][nt][e] = (tg ? sp[mi][S_NT + nt][e] : sp[mi][nt][e]) + v[e];
-          }
-        sm80::group_barrier_sync<Cfg::NUM_WARPS / 4, 4>(rg);  // the partner read this warp's slots
-        // Round 2, with warp kd ^ 1 (the other row tile): publish its row tile, keep this one.
-        const int mine = kd & 1;
-#pragma unroll
-        for (int nt = 0; nt < S_NT; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s_acc[nt][e] = mine ? kept[1][nt][e] : kept[0][nt][e];
-          float give[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) give[e] = mine ? kept[0][nt][e] : kept[1][nt][e];
-          sm80::sts_f4(x_st + unsigned(nt * 32 * 16), give);
-        }
-        sm80::group_barrier_sync<Cfg::NUM_WARPS / 4, 4>(rg);
-#pragma unroll
-        for (int nt = 0; nt < S_NT; ++nt) {
-          float v[4];
-          sm80::lds_f4(v, x_ld + unsigned(((warp ^ 1) * XS * S_NT + nt) * 32 * 16));
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
-        }
-      }
+      sm80::qsmem_exchange_quads<Cfg>(sp, kd, rg, warp, x_st, x_ld, s_acc);
     }
 
     phases.mark(3);
-    // ---------------- mask (select: NaN never survives) + local row max ----------------
-    if (cur.tok + BN > min(lim[0], lim[1])) {
-#pragma unroll
-      for (int nt = 0; nt < S_NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = cur.tok + s_col0 + nt * 8 + (e & 1);
-          if (t >= lim[e >> 1]) s_acc[nt][e] = -kInf;
-        }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = -kInf;
-#pragma unroll
-      for (int nt = 0; nt < S_NT; ++nt) mx = fmaxf(mx, fmaxf(s_acc[nt][2 * h], s_acc[nt][2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      if ((lane & 3) == 0) red_max[wn * BM + q_row0 + 8 * h] = mx;
-    }
+    sm80::qsmem_mask_row_max<Cfg>(s_acc, cur.tok, lim, s_col0, q_row0, wn, lane, red_max);
     __syncthreads();  // B: row maxima of all warps visible; every xS read done (P may overwrite it)
     phases.mark(4);
 
-    // ---------------- online softmax (log2 domain), P -> smem ----------------
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = q_row0 + 8 * h;
-      float mx = red_max[row];
-#pragma unroll
-      for (int j = 1; j < WN; ++j) mx = fmaxf(mx, red_max[j * BM + row]);
-      const float m_new = fmaxf(m_run[h], mx * p.scale_log2);
-      const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
-      const float sc = exp2f(m_run[h] - m_use);
-      m_run[h] = m_new;
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < S_NT; ++nt) {
-        const float p0 = exp2f(fmaf(s_acc[nt][2 * h], p.scale_log2, -m_use));
-        const float p1 = exp2f(fmaf(s_acc[nt][2 * h + 1], p.scale_log2, -m_use));
-        sum += p0 + p1;
-        const int col = s_col0 + nt * 8;
-        *reinterpret_cast<unsigned*>(p_gen + swz<PRC>(row, col / 8) + (col % 8) * 2) =
-            ElemTraits<Element>::pack2(p0, p1);
-      }
-      l_part[h] = l_part[h] * sc + sum;
-      if (wn == 0 && (lane & 3) == 0) row_scale[row] = sc;
-      if (last) {
-        float l = l_part[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        if ((lane & 3) == 0) red_sum[wn * BM + row] = l;
-      }
-    }
+    sm80::qsmem_softmax<Cfg>(p, s_acc, m_run, l_part, q_row0, s_col0, wn, lane, last, smem);
     __syncthreads();  // C: P, row_scale (and red_sum) visible
     phases.mark(5);
 
-    pv_tile(sK);
-    if (last) finish_piece(cur.bi, cur.first_piece(meta));
+    sm80::qsmem_pv_tile<Cfg>(o, sK, sP, row_scale, v_lane, lane);
+    if (last) {
+      sm80::qsmem_finish_piece<Cfg>(p, meta, cur.bi, cur.first_piece(meta), o, m_run, l_part, red_sum, o_col0,
+                                    q_row0, wn, lane);
+    }
     phases.mark(6);
     phases.next_tile();
     if (last) piece_start = true;

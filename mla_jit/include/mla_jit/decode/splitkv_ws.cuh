@@ -2,9 +2,11 @@
 // one S/softmax warpgroup, two P V warpgroups).
 //
 // Grid (num_sm_parts, h_kv, ceil(rows / BLOCK_M)), cluster (1, 1, CLUSTER_M), block 384 threads,
-// 1 CTA / SM, dynamic smem SplitKVWsConfig<...>::kSmemBytes. Same contract as splitkv.cuh
-// (metadata walk, TMA descriptor with box {64, 1, min(page, 64)} and 128B swizzle, out / lse for
-// single-split batches, o_accum / lse_accum otherwise).
+// 1 CTA / SM, dynamic smem SplitKVWsConfig<...>::kSmemBytes. One CTA walks the (batch, token)
+// range that the scheduler metadata gives its SM part, for one KV head and one 64-row tile of
+// query rows; KV comes through a TMA descriptor with box {64, 1, min(page, 64)} and the 128B
+// swizzle. A finished piece goes to out / lse when its batch has a single split, else to
+// o_accum / lse_accum.
 // FUSED_COMBINE (the default): no combine kernel. The CTA whose split completes a (batch, KV
 // head, row tile)'s arrival counter (DecodeParams::combine_counters, zero between launches)
 // merges that batch's splits after its main loop (ws_combine_batch: the freed KV stages hold
@@ -74,6 +76,11 @@
 // __launch_bounds__(384, 1), or setmaxnreg.inc blocks forever): WG0 184 = R0..R23 state, S at
 // R24..R55, Q at R56..R179; WG1/WG2 160 = state + O at R24..R151. ptxas puts wgmma accumulators
 // at R24 and ignores a setmaxnreg below (highest register + 3), which is what bounds both.
+//
+// Code: mla_splitkv_ws_body (barrier setup, role dispatch, the fused combine's step 2) runs
+// ws_softmax_warpgroup in WG0 (per piece ws_load_q; per tile ws_issue_s, ws_wait_s, ws_softmax,
+// ws_finish_rows, ws_store_p, ws_store_lse, ws_publish_p) and ws_pv_warpgroup in WG1 / WG2 (per
+// tile ws_pv_tile, per piece ws_store_o; thread 128 also ws_producer_start and ws_issue_tile).
 #pragma once
 
 #include "combine.cuh"
@@ -119,7 +126,8 @@ struct WsCursor {
   }
 };
 
-// Named barrier of the two P V warpgroups (256 threads); 1 is WG0's.
+// Named barriers (0 is __syncthreads'): WG0's 128 threads; the two P V warpgroups (256 threads).
+constexpr int kBarWG0 = 1;
 constexpr int kBarPV = 2;
 // Named barrier of WG0 and the producer's warp (160 threads): the CTA's first Q is loaded.
 constexpr int kBarFirstQ = 3;
@@ -381,21 +389,687 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   static constexpr int kSmemBytes = Sm90SmemSize<SharedStorage>::kBytes;
 };
 
+namespace detail {
+
+// The CTA's metadata row. Recomputed where needed (through an opaque move, so it is not hoisted):
+// values that live through a loop cost registers (see kRegsS).
+__device__ __forceinline__ const int* ws_meta(const DecodeParams& p) {
+  return p.tile_scheduler_metadata + ws_opaque(blockIdx.x) * kMetaSize;
+}
+
+// ================================ TMA producer (thread 128) ================================
+
+// Loads tile prod_n into stage prod_n % NS once every P V warp is done with tile prod_n - NS
+// (thread 128 only; its state is in smem). When one CTA or cluster covers every row tile, KV is
+// read once: its lines go first out of L2, so that the split partials (stored with evict_last)
+// are still in L2 when they are merged (H200: +3-4% on 32/1/4096/*). Otherwise the other row
+// tiles' CTAs read the same KV through L2: normal priority (evict_first cost 1-4% on the
+// h_q = 128 rows before clusters).
 template <typename Cfg>
-__device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const TmaDescriptor* tmap) {
+__device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, const int* seqlens, const TmaDescriptor* tmap,
+                                              typename Cfg::SharedStorage& ss) {
+  using Element = typename Cfg::Element;
+  constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
+  WorkCursor& prod = ss.prod;
+  const int n = ss.prod_n;
+  const int stage = n % NS;
+  const int g = blockIdx.y;
+  const int* bt = p.block_table + (long long)prod.bi * p.block_table_stride;
+  Element* dst = ss.kv[stage];
+  const uint64_t kv_policy =
+      gridDim.z == Cfg::CLUSTER_M ? l2_evict_first_policy() : l2_evict_normal_policy();
+  // Column chunk i of the tile is loaded by cluster CTA i % CLUSTER_M, for every CTA.
+  const uint32_t rank = Cfg::CLUSTER_M > 1 ? cluster_cta_rank() : 0;
+  auto load_chunk = [&](int i, Element* chunk_dst, int col, int row) {
+    if constexpr (Cfg::CLUSTER_M == 1) {
+      tma_load_3d_hint(chunk_dst, tmap, &ss.full[stage], col, g, row, kv_policy);
+    } else if (i % Cfg::CLUSTER_M == int(rank)) {
+      tma_load_3d_multicast_hint(chunk_dst, tmap, &ss.full[stage], col, g, row,
+                                 uint16_t((1u << Cfg::CLUSTER_M) - 1), kv_policy);
+    }
+  };
+
+  // Block-table reads first: their latency overlaps the wait for the stage.
+  if constexpr (Cfg::kPagesPerTile == 1) {
+    const int page = prod.tok / Cfg::PAGE_SIZE;
+    const int row = bt[page] * Cfg::PAGE_SIZE + (prod.tok % Cfg::PAGE_SIZE);
+    if (n >= NS) mbarrier_wait(&ss.pv_done[stage], (n / NS - 1) & 1);
+    mbarrier_arrive_expect_tx(&ss.full[stage], Cfg::kTileBytes);
+#pragma unroll
+    for (int c = 0; c < Cfg::kColChunks; ++c) load_chunk(c, dst + c * BN * Cfg::kBoxCols, c * Cfg::kBoxCols, row);
+  } else {
+    // Several pages per tile: load only pages that hold tokens < L (later block_table
+    // entries may be garbage, later pages NaN).
+    const int valid = min(BN, prod.L - prod.tok);
+    const int npages = (valid + Cfg::PAGE_SIZE - 1) / Cfg::PAGE_SIZE;
+    const int* pages = bt + prod.tok / Cfg::PAGE_SIZE;
+    // The block-table reads follow the wait here: kept in registers across it, the page rows
+    // spill in this (register-bound) P V warpgroup at small page sizes.
+    if (n >= NS) mbarrier_wait(&ss.pv_done[stage], (n / NS - 1) & 1);
+    mbarrier_arrive_expect_tx(&ss.full[stage], npages * Cfg::kPageBytes);
+#pragma unroll 1
+    for (int j = 0; j < npages; ++j) {
+      const int row = pages[j] * Cfg::PAGE_SIZE;
+#pragma unroll
+      for (int c = 0; c < Cfg::kColChunks; ++c)
+        load_chunk(c, dst + c * BN * Cfg::kBoxCols + j * Cfg::kBoxRows * Cfg::kBoxCols, c * Cfg::kBoxCols, row);
+    }
+  }
+  ss.prod_n = n + 1;
+  prod.template advance<BN>(seqlens);
+}
+
+// The producer's start (thread 128): its walk, and tile 0 at once. Tiles 1 .. NUM_STAGES - 1 wait
+// for WG0's first Q (ws_pv_warpgroup).
+template <typename Cfg>
+__device__ __forceinline__ void ws_producer_start(const DecodeParams& p, const int* seqlens, const TmaDescriptor* tmap,
+                                                  typename Cfg::SharedStorage& ss) {
+  const int* meta = ws_meta(p);
+  const int b0 = meta[kMetaBeginBatch], t0 = meta[kMetaBeginToken];
+  // The first tile's block-table entry into L2 while the walk reads the sequence length
+  // (only for a non-empty range: with every sequence empty the table may have no columns).
+  if (meta_has_range(meta) && b0 < p.b)
+    prefetch_l2(p.block_table + (long long)b0 * p.block_table_stride + t0 / Cfg::PAGE_SIZE);
+  ss.prod_n = 0;
+  ss.prod.init(meta, seqlens);
+  if (ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
+}
+
+// ============================ WG0: S = Q K^T, online softmax, P ============================
+
+// Thread geometry of WG0, recomputed inside its loop from an opaque thread index so that the
+// compiler does not keep ~10 derived values live through it. Accumulator (and register-A)
+// fragment of a 64 x N wgmma: element i of thread t of the warpgroup lives at row
+// ws_row0(t) + 8*((i/2)%2), column (i/4)*8 + ws_col_lane(t) + i%2.
+__device__ __forceinline__ int ws_row0(int t) { return (t / 32) * 16 + (t % 32) / 4; }
+__device__ __forceinline__ int ws_col_lane(int t) { return (t % 4) * 2; }
+
+// WG0's state through its tile loop: the register part of S's wgmma, its A operand Q[:, :kQRegCols]
+// in registers, S (then P) of the current tile, the walk, and the running max and sum of the
+// thread's two rows.
+template <typename Cfg>
+struct WsSoftmaxState {
+  using Element = typename Cfg::Element;
+  using TiledMmaSRs = typename Cfg::TiledMmaSRs;
+  static constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, kQRegCols = Cfg::kQRegCols;
+  // Q[:, :kQRegCols] as the register A operand, fragment ((2,2,2), 1, kQRegCols/16) = 4 x 32-bit
+  // registers per k-step. Register i (elements 2i, 2i+1) holds row row0 + 8*(i&1), columns
+  // 16*(i/4) + col_lane + 8*((i>>1)&1) + {0,1}: the PTX wgmma A-fragment layout (CuTe's
+  // ALayout_64x16; checked against partition_A of an identity tensor on the host).
+  static_assert(cute::is_same_v<typename TiledMmaSRs::Atom::Traits::ALayout, cute::GMMA::ALayout_64x16>,
+                "Q register fragment layout");
+  using FragQ = decltype(cute::make_tensor<Element>(
+      cute::partition_shape_A(TiledMmaSRs{}, cute::Shape<cute::Int<BM>, cute::Int<kQRegCols>>{})));
+  // S of a tile: element i is at row row0 + 8 ((i / 2) % 2), column (i / 4) 8 + col_lane + i % 2.
+  using FragS = decltype(cute::partition_fragment_C(TiledMmaSRs{}, cute::Shape<cute::Int<BM>, cute::Int<BN>>{}));
+  static_assert(decltype(cute::size(FragS{}))::value == BN / 2, "S fragment");
+
+  TiledMmaSRs mma_rs;
+  FragQ tSrQ;
+  FragS tSrS;
+  WsCursor cur;
+  float m_run[2], l_run[2];  // running max (log2 units, scaled) and per-thread partial sum
+
+  // Q's fragment as 32-bit registers.
+  __device__ __forceinline__ auto q32() { return cute::recast<uint32_t>(tSrQ); }
+};
+
+// WG0's walk to its first piece, with Q of the first batch prefetched into L2 meanwhile.
+template <typename Cfg>
+__device__ __forceinline__ void ws_seek_first_piece(const DecodeParams& p, const int* seqlens,
+                                                    WsSoftmaxState<Cfg>& st) {
+  using Element = typename Cfg::Element;
+  constexpr int BM = Cfg::BLOCK_M, D = Cfg::HEAD_DIM;
+  const int* meta = ws_meta(p);
+  const int b0 = meta[kMetaBeginBatch];
+  // Q of b0 (the first piece's batch unless that sequence is empty) into L2 while the walk
+  // reads the sequence length: the piece start's loads then wait one round trip less. A part
+  // without work has an all-zero (empty) range: nothing to prefetch.
+  if (meta_has_range(meta) && b0 < p.b) {
+    const int m_block = blockIdx.z, g = blockIdx.y;
+    const char* qb = reinterpret_cast<const char*>(reinterpret_cast<const Element*>(p.q) + (long long)b0 * p.q_stride_b);
+    constexpr int kRowBytes = D * int(sizeof(Element)), kLines = (kRowBytes + 127) / 128 + 1;
+    for (int idx = threadIdx.x; idx < BM * kLines; idx += 128) {
+      const int r = m_block * BM + idx / kLines;
+      if (r < p.rows) {
+        const auto [s, head] = query_row(p, g, r);
+        const char* row = qb + (s * p.q_stride_s + head * p.q_stride_h) * int(sizeof(Element));
+        prefetch_l2(row + min((idx % kLines) * 128, kRowBytes - 1));
+      }
+    }
+  }
+  st.cur.seek(meta, seqlens, b0);
+}
+
+// Q of st.cur's piece into registers (Q[:, :kQRegCols]) and smem (the rest), running max and sum
+// reset. first: the CTA's first piece (the producer waits for it before issuing more tiles).
+template <typename Cfg>
+__device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::SharedStorage& ss,
+                                          WsSoftmaxState<Cfg>& st, bool first) {
+  using Element = typename Cfg::Element;
+  constexpr int BM = Cfg::BLOCK_M, DV = Cfg::HEAD_DIM_V, kQRegCols = Cfg::kQRegCols;
+  auto tSrQ32 = st.q32();
+  static_assert(decltype(cute::size(tSrQ32))::value == BM * kQRegCols / 2 / 128, "Q fragment");
+  const int tw = ws_opaque(threadIdx.x % 128);
+  const int row0 = ws_row0(tw);
+  const int m_block = blockIdx.z, g = blockIdx.y;
+  // Every warp's S of the previous piece has completed (wgmma wait) before anyone
+  // rewrites Q's smem part; Q's register part is thread-private.
+  named_barrier_sync(kBarWG0, 128);
+  const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)st.cur.bi * p.q_stride_b;
+  // Every load of Q is issued before any of them is used, so that they are in flight together:
+  // waited one after another behind the KV tiles' TMA traffic, a CTA's first Q took ~10 us
+  // (clock trace, 32/1/4096/16 on the H200). First the smem parts, by cp.async (no registers):
+  // Q[:, kQRegCols:DV] -> q16 (64 rows x 2 chunks of 16 B: one chunk per thread), SW32:
+  // chunk index c ^ ((r / 4) % 2) (CuTe's Layout_K_SW32_Atom, SmemLayoutQ16; checked against
+  // CuTe on the host).
+  // Q[:, DV:D] (kPInRope) -> aux, SW128: BM * 8 / 128 chunks per thread.
+  {
+    const int lr = tw / 2, c = tw % 2;
+    const int r = m_block * BM + lr;
+    const auto [s, head] = query_row(p, g, r);
+    cp_async_16(smem_addr(ss.q16) + lr * 32 + ((c ^ ((lr / 4) % 2)) << 4),
+                r < p.rows ? qb + s * p.q_stride_s + head * p.q_stride_h + kQRegCols + c * 8 : qb, r < p.rows);
+  }
+  if constexpr (Cfg::kPInRope) {
+    static_assert(BM * 8 % 128 == 0, "rope chunks per thread");
+#pragma unroll
+    for (int i = 0; i < BM * 8 / 128; ++i) {
+      const int idx = tw + 128 * i;
+      const int r = m_block * BM + idx / 8;
+      const auto [s, head] = query_row(p, g, r);
+      cp_async_16(smem_addr(ss.aux) + sw128_offset<BM>(idx / 8, (idx % 8) * 8),
+                  r < p.rows ? qb + s * p.q_stride_s + head * p.q_stride_h + DV + (idx % 8) * 8 : qb, r < p.rows);
+    }
+  }
+  // then the register part, in 16-byte loads. Register i of the A fragment holds word tq
+  // (= lane % 4) of 16-byte chunk 2 (i / 4) + (i / 2) % 2 of row row0 + 8 (i % 2), so
+  // registers 8 j + h + 2 w (w = 0..3) hold word tq of chunks 4 j + w of row h. Lane tq
+  // loads chunk 4 j + tq into them (a word for each lane of its quad), and a 4 x 4
+  // transpose over the quad gives every lane its own words. Scattered 4-byte loads took
+  // 2.4-4 us for a 64-row Q (clock trace, H200). The chunks past the last whole group (2 of
+  // 62) are loaded word by word: a padded group would cost the 4 registers WG0 lacks.
+  constexpr int kQGroups = kQRegCols / 32;
+  constexpr int kQTailChunks = kQRegCols / 8 - 4 * kQGroups;
+  static_assert(kQRegCols % 16 == 0, "whole k16 steps");
+  const int tq = tw % 4;
+  uint32_t qx[2][kQGroups][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = m_block * BM + row0 + 8 * h;
+    const auto [s, head] = query_row(p, g, r);
+    const Element* qrow = qb + s * p.q_stride_s + head * p.q_stride_h + tq * 8;
+#pragma unroll
+    for (int j = 0; j < kQGroups; ++j) {
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);  // padded rows are zero: no NaN from garbage
+      if (r < p.rows) v = __ldg(reinterpret_cast<const uint4*>(qrow + j * 32));
+      qx[h][j][0] = v.x;
+      qx[h][j][1] = v.y;
+      qx[h][j][2] = v.z;
+      qx[h][j][3] = v.w;
+    }
+#pragma unroll
+    for (int w = 0; w < kQTailChunks; ++w) {
+      uint32_t v = 0u;
+      if (r < p.rows) v = __ldg(reinterpret_cast<const uint32_t*>(qrow - tq * 8 + (4 * kQGroups + w) * 8 + 2 * tq));
+      tSrQ32(8 * kQGroups + h + 2 * w) = v;
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int j = 0; j < kQGroups; ++j) {
+      uint32_t(&x)[4] = qx[h][j];
+      // Butterfly on lane bit b: a lane takes, into each slot w whose bit b differs from its
+      // own, its partner's slot w ^ (1 << b). After both bits, slot w of lane q holds
+      // word q of the chunk lane w loaded.
+#pragma unroll
+      for (int b = 1; b <= 2; b <<= 1) {
+        const bool hi = tq & b;
+#pragma unroll
+        for (int w0 = 0; w0 < 4; ++w0) {
+          if (w0 & b) continue;
+          const uint32_t send = hi ? x[w0] : x[w0 + b];
+          const uint32_t recv = __shfl_xor_sync(0xffffffffu, send, b);
+          if (hi) {
+            x[w0] = recv;
+          } else {
+            x[w0 + b] = recv;
+          }
+        }
+      }
+#pragma unroll
+      for (int w = 0; w < 4; ++w) tSrQ32(8 * j + h + 2 * w) = x[w];
+    }
+  }
+  cute::warpgroup_fence_operand(tSrQ32);
+  cp_async_wait_all();
+  fence_proxy_async_shared();
+  named_barrier_sync(kBarWG0, 128);
+  if (first) named_barrier_arrive(kBarFirstQ, kFirstQThreads);  // the producer may start the KV TMAs
+  if (first && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceFirstQ);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    st.m_run[h] = -kInf;
+    st.l_run[h] = 0.f;
+  }
+}
+
+// S(n) into st.tSrS, two commit groups (kSFirstGroupK), once tile n (st.cur's tile) has landed.
+// Not waited here.
+template <typename Cfg>
+__device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSoftmaxState<Cfg>& st, int n) {
   using namespace cute;
   using Element = typename Cfg::Element;
+  constexpr int BN = Cfg::BLOCK_N, D = Cfg::HEAD_DIM, DV = Cfg::HEAD_DIM_V, NS = Cfg::NUM_STAGES;
+  auto& mma_rs = st.mma_rs;
+  auto& tSrS = st.tSrS;
+  auto tSrQ32 = st.q32();
+  const int tw = ws_opaque(threadIdx.x % 128);
+  const int stage = n % NS;
+  Element* kv = ss.kv[stage];
+  mbarrier_wait(&ss.full[stage], (n / NS) & 1);
+  if (n == 0 && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceTile0);
+  if (st.cur.tok + BN > st.cur.L) {
+    // Tail tile: rows >= L were not loaded (other pages) or hold data past the sequence
+    // end (possibly NaN). Zero them (all columns: WG1/WG2 read the V part) so that neither
+    // S nor P V can pick up NaN.
+    zero_rows_from<BN, D>(smem_addr(kv), st.cur.L - st.cur.tok, tw);
+    fence_proxy_async_shared();
+    named_barrier_sync(kBarWG0, 128);
+  }
+  // ---- S = Q K^T: Q[:, :kQRegCols] RS (Q from registers), the rest SS ----
+  auto thr_rs = mma_rs.get_thread_slice(tw);
+  typename Cfg::TiledMmaSSs mma_ss;
+  auto thr_ss = mma_ss.get_thread_slice(tw);
+  Tensor sK = make_tensor(make_smem_ptr(kv), typename Cfg::SmemLayoutK{});
+  Tensor tSrK = thr_rs.partition_fragment_B(sK);  // (MMA, 1, D / 16)
+  Tensor tSsK = thr_ss.partition_fragment_B(sK);  // same descriptors, SS atom
+  Tensor sQ16 = make_tensor(make_smem_ptr(ss.q16), typename Cfg::SmemLayoutQ16{});
+  Tensor tSrQ16 = thr_ss.partition_fragment_A(sQ16);  // (MMA, 1, 1)
+  constexpr int kRegK = Cfg::kQRegCols / 16;
+  warpgroup_fence_operand(tSrQ32);
+  warpgroup_fence_operand(tSrS);
+  warpgroup_arrive();
+  mma_rs.accumulate_ = GMMA::ScaleOut::Zero;
+  static_assert(Cfg::kSFirstGroupK >= 0 && Cfg::kSFirstGroupK <= kRegK, "S's first commit group");
+#pragma unroll
+  for (int k = 0; k < kRegK; ++k) {
+    gemm(mma_rs, st.tSrQ(_, _, k), tSrK(_, _, k), tSrS);
+    mma_rs.accumulate_ = GMMA::ScaleOut::One;
+    if (Cfg::kSFirstGroupK > 0 && k + 1 == Cfg::kSFirstGroupK) warpgroup_commit_batch();
+  }
+  mma_ss.accumulate_ = GMMA::ScaleOut::One;
+  gemm(mma_ss, tSrQ16(_, _, 0), tSsK(_, _, kRegK), tSrS);
+  if constexpr (Cfg::kPInRope) {
+    Tensor sQr = make_tensor(make_smem_ptr(ss.aux), typename Cfg::SmemLayoutSlab{});
+    Tensor tSrQr = thr_ss.partition_fragment_A(sQr);  // (MMA, 1, 4)
+#pragma unroll
+    for (int k = 0; k < size<2>(tSrQr); ++k) gemm(mma_ss, tSrQr(_, _, k), tSsK(_, _, DV / 16 + k), tSrS);
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(tSrS);
+}
+
+// Waits for S(n) (issued by ws_issue_s), and publishes P(n - 1) (stage `unpublished`, if any)
+// between its two commit groups. P(n - 1)'s stores reach the async proxy while S(n) runs (the
+// fence waits for them); P(n - 1) goes to the P V warpgroups only once most of S(n) is done: S
+// then has the tensor cores (nearly) to itself, and P V(n - 1) runs during the rest of it and this
+// softmax (tile trace, H200: 4220 -> 3550 cycles per tile at h_q = 128 when published after all
+// of S).
+template <typename Cfg>
+__device__ __forceinline__ void ws_wait_s(typename Cfg::SharedStorage& ss, WsSoftmaxState<Cfg>& st, int tw,
+                                          int& unpublished) {
+  fence_proxy_async_shared();
+  if constexpr (Cfg::kSFirstGroupK > 0) cute::warpgroup_wait<1>();
+  else cute::warpgroup_wait<0>();
+  if (unpublished >= 0) {
+    __syncwarp();
+    if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[unpublished]);
+    unpublished = -1;
+  }
+  if constexpr (Cfg::kSFirstGroupK > 0) cute::warpgroup_wait<0>();
+  cute::warpgroup_fence_operand(st.tSrS);
+  auto tSrQ32 = st.q32();
+  cute::warpgroup_fence_operand(tSrQ32);
+}
+
+// Mask and online softmax of S(n) in place: st.tSrS becomes P (not yet divided by l), the running
+// max and sum move, sc gets the O rescale of the tile for the thread's two rows.
+template <typename Cfg>
+__device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState<Cfg>& st, int row0, int col_lane,
+                                           float (&sc)[2]) {
+  constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N;
+  const int m_block = blockIdx.z;
+  WsCursor& cur = st.cur;
+  // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1. Keys < L - s_q + 1 are
+  // visible to every row, so only a piece's last tile or two mask: the row limits need an
+  // integer division (row / q_per_kv), a dependent chain on WG0's critical path.
+  if (cur.tok + BN > cur.L - (p.causal ? p.s_q - 1 : 0)) {
+    int lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) lim[h] = visible_keys(p, cur.L, m_block * BM + row0 + 8 * h);
+    // A select, so NaN never survives.
+    mask_invisible(st.tSrS, cur.tok, col_lane, lim);
+  }
+  // ---- online softmax (log2 domain) ----
+  // Lazy rescaling: m_run moves only by more than kLazyRescaleLog2, so the O scale is exactly
+  // 1 for almost every tile and the P V warpgroups skip the rescale (their multiplies
+  // competed with this softmax for issue slots).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float mx = row_max(st.tSrS, h) * p.scale_log2;
+    // -inf + 8 is -inf: a row's first visible key always moves it; an all-masked tile never.
+    const bool move = mx > st.m_run[h] + kLazyRescaleLog2;
+    const float m_new = move ? mx : st.m_run[h];
+    const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
+    sc[h] = move ? ex2_approx(st.m_run[h] - m_use) : 1.f;
+    st.m_run[h] = m_new;
+    const float sum = exp2_row(st.tSrS, h, p.scale_log2, m_use);
+    st.l_run[h] = st.l_run[h] * sc[h] + sum;
+  }
+}
+
+// Piece end (the piece's last tile): l and the rows' lse2 (log2 units, -inf for a row without
+// keys); P and the O rescale of this tile are scaled by 1/l, so O comes out normalized.
+template <typename Cfg>
+__device__ __forceinline__ void ws_finish_rows(WsSoftmaxState<Cfg>& st, float (&sc)[2], float (&lse2)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = st.l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv_l = l > 0.f ? rcp_approx(l) : 0.f;
+    lse2[h] = l > 0.f ? st.m_run[h] + lg2_approx(l) : -kInf;
+    // In place (no second copy of P in registers: WG0 has none to spare).
+    sc[h] *= inv_l;
+    scale_row(st.tSrS, h, inv_l);
+  }
+}
+
+// Hands P(n) to WG1/WG2 through stage `stage`'s slots: P, the O rescale, the tile's info. Not
+// published here (ws_wait_s of the next tile, or ws_publish_p at a piece's last tile).
+template <typename Cfg>
+__device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSoftmaxState<Cfg>& st, int tw, int row0,
+                                           int stage, const float (&sc)[2], bool last) {
+  using Element = typename Cfg::Element;
+  constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
+  Element* kv = ss.kv[stage];
+  Element* pbuf;
+  if constexpr (Cfg::kPInRope) {
+    pbuf = kv + DV * BN;  // the rope slab of this tile: free once every warp's S(n) is done
+    named_barrier_sync(kBarWG0, 128);
+  } else {
+    pbuf = ss.aux + stage * (BM * BN);
+  }
+  store_p_slab_stsm<Element>(smem_addr(pbuf), tw, st.tSrS);
+  if ((tw & 3) == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) ss.row_scale[stage][row0 + 8 * h] = sc[h];
+  }
+  if (tw == 0) {
+    WsTileInfo info;
+    info.last = last;
+    info.bi = st.cur.bi;
+    ss.info[stage] = info;
+  }
+}
+
+// A finished piece's lse of the thread's two rows, by the rows' writer (the quad leader,
+// tw % 4 == 0; the caller tests it, which keeps the test merged with its own branch on the piece end).
+template <typename Cfg>
+__device__ __forceinline__ void ws_store_lse(const DecodeParams& p, WsSoftmaxState<Cfg>& st, int row0,
+                                             const float (&lse2)[2]) {
+  constexpr int BM = Cfg::BLOCK_M;
+  const int m_block = blockIdx.z, g = blockIdx.y;
+  const int* meta = ws_meta(p);
+  const PieceDest dest = piece_dest(p, st.cur.bi, st.cur.bi == meta[kMetaBeginBatch] ? meta[kMetaBeginSplit] : 0);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = m_block * BM + row0 + 8 * h;
+    if (r < p.rows) store_piece_lse(p, dest, st.cur.bi, g, r, lse2[h]);
+  }
+  // Fused combine: the CTA that completes the batch's count (after this tile's P V) reads
+  // every split's lse_accum; fenced before P is published.
+  if (Cfg::kFusedCombine && !dest.single) __threadfence();
+}
+
+// Publishes the P stored in stage `stage` to the P V warpgroups (one arrival per warp).
+template <typename Cfg>
+__device__ __forceinline__ void ws_publish_p(typename Cfg::SharedStorage& ss, int tw, int stage) {
+  fence_proxy_async_shared();  // P and the zeroed tail rows are read by wgmma (async proxy)
+  __syncwarp();
+  if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[stage]);
+}
+
+// WG0's role: per tile, S = Q K^T, mask and online softmax, P into the stage's slots; the walk
+// over the CTA's pieces and the lse of each finished one.
+template <typename Cfg>
+__device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, const int* seqlens,
+                                                     typename Cfg::SharedStorage& ss) {
+  constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
+  setmaxnreg_inc<Cfg::kRegsS>();
+
+  WsSoftmaxState<Cfg> st;
+  ws_seek_first_piece<Cfg>(p, seqlens, st);
+
+  if (!st.cur.valid()) named_barrier_arrive(kBarFirstQ, kFirstQThreads);  // no work: free the producer
+  int unpublished = -1;  // stage whose P is stored but not yet published (ws_wait_s of the next tile does)
+  bool piece_start = true;
+  // Per tile: S(n) is issued first, and the loop's bookkeeping comes after the wait for it (off
+  // WG0's chain S -> softmax -> P store -> S, which is the tile period).
+  for (int n = 0; st.cur.valid(); ++n) {
+    if (piece_start) {
+      ws_load_q<Cfg>(p, ss, st, n == 0);
+      piece_start = false;
+    }
+    ws_issue_s<Cfg>(ss, st, n);
+    const int tw = ws_opaque(threadIdx.x % 128);
+    const int row0 = ws_row0(tw), col_lane = ws_col_lane(tw);
+    const int stage = n % NS;
+
+    ws_wait_s<Cfg>(ss, st, tw, unpublished);
+    float sc[2];  // O rescale of this tile
+    ws_softmax<Cfg>(p, st, row0, col_lane, sc);
+    const bool last = st.cur.tok + BN >= st.cur.stop;
+    float lse2[2] = {-kInf, -kInf};
+    if (last) ws_finish_rows<Cfg>(st, sc, lse2);
+    ws_store_p<Cfg>(ss, st, tw, row0, stage, sc, last);
+
+    if constexpr (Cfg::kFusedCombine) {
+      if (last && (tw & 3) == 0) ws_store_lse<Cfg>(p, st, row0, lse2);
+    }
+    // Published after S(n + 1) (in ws_wait_s, which fences the P stores while S runs), except at
+    // a piece's last tile: the P V warpgroups then store O, and the next piece's first S waits for
+    // its Q anyway.
+    if (last) {
+      ws_publish_p<Cfg>(ss, tw, stage);
+      if constexpr (!Cfg::kFusedCombine) {
+        if ((tw & 3) == 0) ws_store_lse<Cfg>(p, st, row0, lse2);
+      }
+      piece_start = true;
+      st.cur.seek(ws_meta(p), seqlens, st.cur.bi + 1);
+    } else {
+      unpublished = stage;
+      st.cur.tok += BN;
+    }
+  }
+  if (threadIdx.x == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceWg0Done);
+  // The code after the role branches runs in every warp: give it one register budget.
+  setmaxnreg_dec<Cfg::kRegsPV>();
+}
+
+// =============== WG1 / WG2: O[:, half] += P V[:, half]; thread 128: TMA producer ===============
+
+// Tiles of this CTA (WG0 owns the walk; the P V warpgroups only need the count).
+template <typename Cfg>
+__device__ __forceinline__ int ws_count_tiles(const DecodeParams& p, const int* seqlens) {
+  constexpr int BN = Cfg::BLOCK_N;
+  int num_tiles = 0;
+  WorkCursor c;
+  c.init(ws_meta(p), seqlens);
+  while (c.valid()) {
+    num_tiles += (c.stop - c.tok + BN - 1) / BN;
+    c.seek(seqlens, c.bi + 1);
+  }
+  return num_tiles;
+}
+
+// The P V of the tile in `stage` (use parity `phase`) for this warpgroup's half of O: wait for
+// its P, O *= the rows' rescale (skipped where it is 1), O (+)= P V[:, half] (fresh: the piece's
+// first tile, O = P V), then release the stage to the producer(s) of the cluster. Returns the
+// tile's info (read before the release).
+template <typename Cfg, typename TiledMmaO, typename FragO>
+__device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss, TiledMmaO& mma_o, FragO& tOrO,
+                                                 int stage, uint32_t phase, bool fresh, int half, int tid_wg,
+                                                 int lane, int row0) {
+  using Element = typename Cfg::Element;
+  constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
+  mbarrier_wait(&ss.p_full[stage], phase);
+  mbarrier_wait(&ss.full[stage], phase);  // complete already (WG0 waited it): TMA bytes visible
+  const float sc0 = ss.row_scale[stage][row0], sc1 = ss.row_scale[stage][row0 + 8];
+  // Lazy rescaling makes the scale exactly 1 on most tiles; a piece's first tile overwrites O.
+  if (!fresh && __any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
+#pragma unroll
+    for (int i = 0; i < cute::size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
+  }
+
+  Element* kv = ss.kv[stage];
+  Element* pbuf;
+  if constexpr (Cfg::kPInRope) {
+    pbuf = kv + DV * BN;
+  } else {
+    pbuf = ss.aux + stage * (BM * BN);
+  }
+  issue_pv_half<Cfg>(mma_o, tid_wg, pbuf, kv + half * (DV / 2) * BN, tOrO, fresh);
+
+  cute::warpgroup_wait<0>();
+  cute::warpgroup_fence_operand(tOrO);
+  // Read the rest of stage s's slots before releasing the stage.
+  const WsTileInfo info = ss.info[stage];
+  __syncwarp();
+  if constexpr (Cfg::CLUSTER_M == 1) {
+    if (lane == 0) mbarrier_arrive(&ss.pv_done[stage]);
+  } else {
+    // Lane r tells cluster CTA r: its producer multicasts into this CTA's stage too.
+    if (lane < Cfg::CLUSTER_M) mbarrier_arrive_cluster(&ss.pv_done[stage], lane);
+  }
+  return info;
+}
+
+// This warpgroup's half of O for a finished piece (rows < p.rows only): into out (single split)
+// or the piece's o_accum slot, and with the fused combine the split's count.
+template <typename Cfg, typename FragO>
+__device__ __forceinline__ void ws_store_o(const DecodeParams& p, typename Cfg::SharedStorage& ss, const FragO& tOrO,
+                                           const WsTileInfo& info, int half, int row0, int col_lane, int tid) {
+  constexpr int BM = Cfg::BLOCK_M, DV = Cfg::HEAD_DIM_V;
+  const int m_block = blockIdx.z, g = blockIdx.y;
+  const int* meta = ws_meta(p);
+  const PieceDest dest = piece_dest(p, info.bi, info.bi == meta[kMetaBeginBatch] ? meta[kMetaBeginSplit] : 0);
+  const bool single = dest.single;
+  const int slot = dest.slot;
+  const int col_base = half * (DV / 2) + col_lane;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = m_block * BM + row0 + 8 * h;
+    if (r >= p.rows) continue;
+    if (single) {
+      ws_store_out_row<Cfg>(p, tOrO, info.bi, r, h, col_base);
+    } else {
+      float* o = p.o_accum + (((slot * p.h_kv + g) * p.rows + r) * DV + col_base);
+      const uint64_t keep = l2_evict_last_policy();
+#pragma unroll
+      for (int j = 0; j < cute::size(tOrO) / 4; ++j) {
+        const int i = j * 4 + h * 2;
+        st_global_f2_hint(o + j * 8, tOrO(i), tOrO(i + 1), keep);
+      }
+    }
+  }
+  if constexpr (Cfg::kFusedCombine) {
+    if (!single) ws_count_split(p, dest, info.bi, g, m_block, tid, ss.pending, &ss.num_pending);
+  }
+}
+
+// The role of WG1 / WG2 (wg 1, 2): each owns half of O (64 x DV/2 fp32 in registers) and adds
+// every tile's P V to it; thread 128 (WG1) is also the TMA producer.
+template <typename Cfg>
+__device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const int* seqlens, const TmaDescriptor* tmap,
+                                                typename Cfg::SharedStorage& ss, int wg, int tid) {
+  using namespace cute;
+  constexpr int BM = Cfg::BLOCK_M, DV = Cfg::HEAD_DIM_V, NS = Cfg::NUM_STAGES;
+  // setmaxnreg first: WG0's setmaxnreg.inc waits for these registers, and with it the CTA's
+  // first Q (the tile count below walks the CTA's batches, a chain of dependent loads).
+  __syncwarp();  // setmaxnreg is .aligned
+  setmaxnreg_dec<Cfg::kRegsPV>();
+  const bool is_producer = tid == 128;
+  const int half = wg - 1;
+  const int tid_wg = tid % 128;
+  const int lane = tid % 32;
+  const int row0 = (tid_wg / 32) * 16 + lane / 4;
+  const int col_lane = (lane % 4) * 2;
+
+  // Tile 0 is issued at once, tiles 1 .. NUM_STAGES - 1 once WG0 has its first Q: issued
+  // together, the KV tiles of every CTA (~29 MB) were queued ahead of the small Q loads, which
+  // then landed ~10 us after the CTA started (clock trace, 32/1/4096/16 on the H200).
+  const bool producer_warp = tid / 32 == 4;
+  if (is_producer) ws_producer_start<Cfg>(p, seqlens, tmap, ss);
+  __syncwarp();
+
+  // Counted before O's registers are live.
+  const int num_tiles = ws_count_tiles<Cfg>(p, seqlens);
+
+  if constexpr (Cfg::kFusedCombine) {
+    // No combine kernel: batches without keys get out = 0 / lse = +inf here (WG2 has time for
+    // it while WG0 computes the first S).
+    if (half == 1) ws_write_empty_batches<Cfg>(p, tid_wg, blockIdx.y, blockIdx.z);
+  }
+  if (producer_warp) {
+    named_barrier_sync(kBarFirstQ, kFirstQThreads);
+    if (is_producer) {
+      MLA_JIT_TRACE_VALUE(mla_jit_trace_splitkv, kTraceTiles, num_tiles);
+      for (int s = 1; s < NS && ss.prod.valid(); ++s) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
+    }
+    __syncwarp();  // reconverge warp 4 before any .aligned instruction
+  }
+
+  typename Cfg::TiledMmaO mma_o;
+  Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<BM>, Int<DV / 2>>{});
+#pragma unroll
+  for (int i = 0; i < size(tOrO); ++i) tOrO(i) = 0.f;
+
+  int stage = 0;
+  uint32_t phase = 0;
+  bool fresh = true;  // first tile of a piece: the P V wgmma overwrites O (scale-d = 0)
+  for (int n = 0; n < num_tiles; ++n) {
+    // Refill the stage of tile n - 1 with tile n - 1 + NS as soon as both P V warpgroups are
+    // done with it, before waiting for P(n): P(n) is published only after S(n + 1), whose
+    // bytes may be the ones this issues (NS = 2), and the TMA latency (~3600 cycles at h_q = 128,
+    // H200) needs the head start.
+    if (is_producer && n > 0 && ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
+    __syncwarp();  // lane 0 of warp 4 may have diverged into the producer path
+    const WsTileInfo info = ws_pv_tile<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tid_wg, lane, row0);
+    if (info.last) ws_store_o<Cfg>(p, ss, tOrO, info, half, row0, col_lane, tid);
+    fresh = info.last;
+    if (++stage == NS) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+  if (tid_wg == 0) MLA_JIT_TRACE_LATEST(mla_jit_trace_splitkv, kTracePvDone);  // WG1's or WG2's, later
+}
+
+}  // namespace detail
+
+template <typename Cfg>
+__device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const TmaDescriptor* tmap) {
   using SS = typename Cfg::SharedStorage;
-  constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, D = Cfg::HEAD_DIM, DV = Cfg::HEAD_DIM_V;
   constexpr int NS = Cfg::NUM_STAGES;
-  constexpr int kBarWG0 = 1;  // named barrier among WG0's 128 threads (0 is __syncthreads')
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   SS& ss = detail::aligned_shared_storage<SS>(smem_raw);
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  const bool is_producer = tid == 128;
 
   if (tid == 0) {
     MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceEntry);
@@ -408,7 +1082,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     ss.num_pending = 0;
     fence_barrier_init();
   }
-  if (is_producer) prefetch_tma_descriptor(tmap);
+  if (tid == 128) prefetch_tma_descriptor(tmap);  // the producer's
   __syncthreads();
   // Every CTA's barriers are initialized before any peer multicasts into it or arrives on them.
   if constexpr (Cfg::CLUSTER_M > 1) cluster_sync();
@@ -417,546 +1091,10 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
   pdl_wait_primary();
 
   const int* seqlens = p.cache_seqlens;
-  // Recomputed where needed: values that live through a loop cost registers (see kRegsS).
-  auto meta_ptr = [&]() { return p.tile_scheduler_metadata + detail::ws_opaque(blockIdx.x) * kMetaSize; };
-
-  // ---------------- TMA producer (thread 128 only; state in smem) ----------------
-  // Loads tile prod_n into stage prod_n % NS once every P V warp is done with tile prod_n - NS.
-  // When one CTA or cluster covers every row tile, KV is read once: its lines go first out of L2,
-  // so that the split partials (stored with evict_last) are still in L2 when they are merged
-  // (H200: +3-4% on 32/1/4096/*). Otherwise the other row tiles' CTAs read the same KV through
-  // L2: normal priority (evict_first cost 1-4% on the h_q = 128 rows before clusters).
-  auto issue_tile = [&]() {
-    detail::WorkCursor& prod = ss.prod;
-    const int n = ss.prod_n;
-    const int stage = n % NS;
-    const int g = blockIdx.y;
-    const int* bt = p.block_table + (long long)prod.bi * p.block_table_stride;
-    Element* dst = ss.kv[stage];
-    const uint64_t kv_policy =
-        gridDim.z == Cfg::CLUSTER_M ? l2_evict_first_policy() : l2_evict_normal_policy();
-    // Column chunk i of the tile is loaded by cluster CTA i % CLUSTER_M, for every CTA.
-    const uint32_t rank = Cfg::CLUSTER_M > 1 ? cluster_cta_rank() : 0;
-    auto load_chunk = [&](int i, Element* chunk_dst, int col, int row) {
-      if constexpr (Cfg::CLUSTER_M == 1) {
-        tma_load_3d_hint(chunk_dst, tmap, &ss.full[stage], col, g, row, kv_policy);
-      } else if (i % Cfg::CLUSTER_M == int(rank)) {
-        tma_load_3d_multicast_hint(chunk_dst, tmap, &ss.full[stage], col, g, row,
-                                   uint16_t((1u << Cfg::CLUSTER_M) - 1), kv_policy);
-      }
-    };
-
-    // Block-table reads first: their latency overlaps the wait for the stage.
-    if constexpr (Cfg::kPagesPerTile == 1) {
-      const int page = prod.tok / Cfg::PAGE_SIZE;
-      const int row = bt[page] * Cfg::PAGE_SIZE + (prod.tok % Cfg::PAGE_SIZE);
-      if (n >= NS) mbarrier_wait(&ss.pv_done[stage], (n / NS - 1) & 1);
-      mbarrier_arrive_expect_tx(&ss.full[stage], Cfg::kTileBytes);
-#pragma unroll
-      for (int c = 0; c < Cfg::kColChunks; ++c) load_chunk(c, dst + c * BN * Cfg::kBoxCols, c * Cfg::kBoxCols, row);
-    } else {
-      // Several pages per tile: load only pages that hold tokens < L (later block_table
-      // entries may be garbage, later pages NaN).
-      const int valid = min(BN, prod.L - prod.tok);
-      const int npages = (valid + Cfg::PAGE_SIZE - 1) / Cfg::PAGE_SIZE;
-      const int* pages = bt + prod.tok / Cfg::PAGE_SIZE;
-      // The block-table reads follow the wait here: kept in registers across it, the page rows
-      // spill in this (register-bound) P V warpgroup at small page sizes.
-      if (n >= NS) mbarrier_wait(&ss.pv_done[stage], (n / NS - 1) & 1);
-      mbarrier_arrive_expect_tx(&ss.full[stage], npages * Cfg::kPageBytes);
-#pragma unroll 1
-      for (int j = 0; j < npages; ++j) {
-        const int row = pages[j] * Cfg::PAGE_SIZE;
-#pragma unroll
-        for (int c = 0; c < Cfg::kColChunks; ++c)
-          load_chunk(c, dst + c * BN * Cfg::kBoxCols + j * Cfg::kBoxRows * Cfg::kBoxCols, c * Cfg::kBoxCols, row);
-      }
-    }
-    ss.prod_n = n + 1;
-    prod.template advance<BN>(seqlens);
-  };
   if (wg == 0) {
-    // =========================== WG0: S = Q K^T, softmax, P ===========================
-    detail::setmaxnreg_inc<Cfg::kRegsS>();
-
-    // Thread geometry, recomputed inside the loop from an opaque thread index so that the
-    // compiler does not keep ~10 derived values live through it.
-    // Accumulator (and register-A) fragment of a 64 x N wgmma: element i of a thread lives at
-    // row warp*16 + lane/4 + 8*((i/2)%2), column (i/4)*8 + (lane%4)*2 + i%2.
-    auto row0_of = [](int t) { return (t / 32) * 16 + (t % 32) / 4; };  // t: thread in warpgroup
-    auto col_lane_of = [](int t) { return (t % 4) * 2; };
-
-    typename Cfg::TiledMmaSRs mma_rs;
-    // Q[:, :kQRegCols] as the register A operand, fragment ((2,2,2), 1, kQRegCols/16) = 4 x 32-bit
-    // registers per k-step. Register i (elements 2i, 2i+1) holds row row0 + 8*(i&1), columns
-    // 16*(i/4) + col_lane + 8*((i>>1)&1) + {0,1}: the PTX wgmma A-fragment layout (CuTe's
-    // ALayout_64x16; checked against partition_A of an identity tensor on the host,
-    // scratch_ws/host_fragment_check.cpp).
-    static_assert(cute::is_same_v<typename Cfg::TiledMmaSRs::Atom::Traits::ALayout, GMMA::ALayout_64x16>,
-                  "Q register fragment layout");
-    constexpr int kQRegCols = Cfg::kQRegCols;
-    Tensor tSrQ = make_tensor<Element>(partition_shape_A(mma_rs, Shape<Int<BM>, Int<kQRegCols>>{}));
-    Tensor tSrQ32 = recast<uint32_t>(tSrQ);
-    static_assert(decltype(size(tSrQ32))::value == BM * kQRegCols / 2 / 128, "Q fragment");
-    // S of a tile: element i is at row row0 + 8 ((i / 2) % 2), column (i / 4) 8 + col_lane + i % 2.
-    using FragS = decltype(partition_fragment_C(mma_rs, Shape<Int<BM>, Int<BN>>{}));
-    FragS tSrS;
-    static_assert(decltype(size(tSrS))::value == BN / 2, "S fragment");
-
-    detail::WsCursor cur;
-    {
-      const int* meta = meta_ptr();
-      const int b0 = meta[kMetaBeginBatch];
-      // Q of b0 (the first piece's batch unless that sequence is empty) into L2 while the walk
-      // reads the sequence length: the piece start's loads then wait one round trip less. A part
-      // without work has an all-zero (empty) range: nothing to prefetch.
-      if (meta_has_range(meta) && b0 < p.b) {
-        const int m_block = blockIdx.z, g = blockIdx.y;
-        const char* qb = reinterpret_cast<const char*>(reinterpret_cast<const Element*>(p.q) + (long long)b0 * p.q_stride_b);
-        constexpr int kRowBytes = D * int(sizeof(Element)), kLines = (kRowBytes + 127) / 128 + 1;
-        for (int idx = threadIdx.x; idx < BM * kLines; idx += 128) {
-          const int r = m_block * BM + idx / kLines;
-          if (r < p.rows) {
-            const auto [s, head] = query_row(p, g, r);
-            const char* row = qb + (s * p.q_stride_s + head * p.q_stride_h) * int(sizeof(Element));
-            detail::prefetch_l2(row + min((idx % kLines) * 128, kRowBytes - 1));
-          }
-        }
-      }
-      cur.seek(meta, seqlens, b0);
-    }
-    float m_run[2], l_run[2];  // running max (log2 units, scaled) and per-thread partial sum
-
-    // Q of cur's piece into registers (Q[:, :kQRegCols]) and smem (the rest), running max and sum
-    // reset. first: the CTA's first piece (the producer waits for it before issuing more tiles).
-    auto start_piece = [&](bool first) {
-      const int tw = detail::ws_opaque(threadIdx.x % 128);
-      const int row0 = row0_of(tw);
-      const int m_block = blockIdx.z, g = blockIdx.y;
-      // Every warp's S of the previous piece has completed (wgmma wait) before anyone
-      // rewrites Q's smem part; Q's register part is thread-private.
-      named_barrier_sync(kBarWG0, 128);
-      const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)cur.bi * p.q_stride_b;
-      // Every load of Q is issued before any of them is used, so that they are in flight together:
-      // waited one after another behind the KV tiles' TMA traffic, a CTA's first Q took ~10 us
-      // (clock trace, 32/1/4096/16 on the H200). First the smem parts, by cp.async (no registers):
-      // Q[:, kQRegCols:DV] -> q16 (64 rows x 2 chunks of 16 B: one chunk per thread), SW32:
-      // chunk index c ^ ((r / 4) % 2) (checked against CuTe in host_fragment_check.cpp).
-      // Q[:, DV:D] (kPInRope) -> aux, SW128: BM * 8 / 128 chunks per thread.
-      {
-        const int lr = tw / 2, c = tw % 2;
-        const int r = m_block * BM + lr;
-        const auto [s, head] = query_row(p, g, r);
-        detail::cp_async_16(smem_addr(ss.q16) + lr * 32 + ((c ^ ((lr / 4) % 2)) << 4),
-                            r < p.rows ? qb + s * p.q_stride_s + head * p.q_stride_h + kQRegCols + c * 8 : qb,
-                            r < p.rows);
-      }
-      if constexpr (Cfg::kPInRope) {
-        static_assert(BM * 8 % 128 == 0, "rope chunks per thread");
-#pragma unroll
-        for (int i = 0; i < BM * 8 / 128; ++i) {
-          const int idx = tw + 128 * i;
-          const int r = m_block * BM + idx / 8;
-          const auto [s, head] = query_row(p, g, r);
-          detail::cp_async_16(smem_addr(ss.aux) + detail::sw128_offset<BM>(idx / 8, (idx % 8) * 8),
-                              r < p.rows ? qb + s * p.q_stride_s + head * p.q_stride_h + DV + (idx % 8) * 8 : qb,
-                              r < p.rows);
-        }
-      }
-      // then the register part, in 16-byte loads. Register i of the A fragment holds word tq
-      // (= lane % 4) of 16-byte chunk 2 (i / 4) + (i / 2) % 2 of row row0 + 8 (i % 2), so
-      // registers 8 j + h + 2 w (w = 0..3) hold word tq of chunks 4 j + w of row h. Lane tq
-      // loads chunk 4 j + tq into them (a word for each lane of its quad), and a 4 x 4
-      // transpose over the quad gives every lane its own words. Scattered 4-byte loads took
-      // 2.4-4 us for a 64-row Q (clock trace, H200). The chunks past the last whole group (2 of
-      // 62) are loaded word by word: a padded group would cost the 4 registers WG0 lacks.
-      constexpr int kQGroups = kQRegCols / 32;
-      constexpr int kQTailChunks = kQRegCols / 8 - 4 * kQGroups;
-      static_assert(kQRegCols % 16 == 0, "whole k16 steps");
-      const int tq = tw % 4;
-      uint32_t qx[2][kQGroups][4];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = m_block * BM + row0 + 8 * h;
-        const auto [s, head] = query_row(p, g, r);
-        const Element* qrow = qb + s * p.q_stride_s + head * p.q_stride_h + tq * 8;
-#pragma unroll
-        for (int j = 0; j < kQGroups; ++j) {
-          uint4 v = make_uint4(0u, 0u, 0u, 0u);  // padded rows are zero: no NaN from garbage
-          if (r < p.rows) v = __ldg(reinterpret_cast<const uint4*>(qrow + j * 32));
-          qx[h][j][0] = v.x;
-          qx[h][j][1] = v.y;
-          qx[h][j][2] = v.z;
-          qx[h][j][3] = v.w;
-        }
-#pragma unroll
-        for (int w = 0; w < kQTailChunks; ++w) {
-          uint32_t v = 0u;
-          if (r < p.rows) v = __ldg(reinterpret_cast<const uint32_t*>(qrow - tq * 8 + (4 * kQGroups + w) * 8 + 2 * tq));
-          tSrQ32(8 * kQGroups + h + 2 * w) = v;
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int j = 0; j < kQGroups; ++j) {
-          uint32_t(&x)[4] = qx[h][j];
-          // Butterfly on lane bit b: a lane takes, into each slot w whose bit b differs from its
-          // own, its partner's slot w ^ (1 << b). After both bits, slot w of lane q holds
-          // word q of the chunk lane w loaded.
-#pragma unroll
-          for (int b = 1; b <= 2; b <<= 1) {
-            const bool hi = tq & b;
-#pragma unroll
-            for (int w0 = 0; w0 < 4; ++w0) {
-              if (w0 & b) continue;
-              const uint32_t send = hi ? x[w0] : x[w0 + b];
-              const uint32_t recv = __shfl_xor_sync(0xffffffffu, send, b);
-              if (hi) {
-                x[w0] = recv;
-              } else {
-                x[w0 + b] = recv;
-              }
-            }
-          }
-#pragma unroll
-          for (int w = 0; w < 4; ++w) tSrQ32(8 * j + h + 2 * w) = x[w];
-        }
-      }
-      warpgroup_fence_operand(tSrQ32);
-      detail::cp_async_wait_all();
-      fence_proxy_async_shared();
-      named_barrier_sync(kBarWG0, 128);
-      if (first) named_barrier_arrive(detail::kBarFirstQ, detail::kFirstQThreads);  // the producer may start the KV TMAs
-      if (first && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceFirstQ);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        m_run[h] = -kInf;
-        l_run[h] = 0.f;
-      }
-    };
-
-    // S(n) into tSrS, two commit groups (kSFirstGroupK), once tile n (cur's tile) has landed. Not
-    // waited here.
-    auto issue_s = [&](int n) {
-      const int tw = detail::ws_opaque(threadIdx.x % 128);
-      const int stage = n % NS;
-      Element* kv = ss.kv[stage];
-      mbarrier_wait(&ss.full[stage], (n / NS) & 1);
-      if (n == 0 && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceTile0);
-      if (cur.tok + BN > cur.L) {
-        // Tail tile: rows >= L were not loaded (other pages) or hold data past the sequence
-        // end (possibly NaN). Zero them (all columns: WG1/WG2 read the V part) so that neither
-        // S nor P V can pick up NaN.
-        detail::zero_rows_from<BN, D>(smem_addr(kv), cur.L - cur.tok, tw);
-        fence_proxy_async_shared();
-        named_barrier_sync(kBarWG0, 128);
-      }
-      // ---- S = Q K^T: Q[:, :kQRegCols] RS (Q from registers), the rest SS ----
-      auto thr_rs = mma_rs.get_thread_slice(tw);
-      typename Cfg::TiledMmaSSs mma_ss;
-      auto thr_ss = mma_ss.get_thread_slice(tw);
-      Tensor sK = make_tensor(make_smem_ptr(kv), typename Cfg::SmemLayoutK{});
-      Tensor tSrK = thr_rs.partition_fragment_B(sK);  // (MMA, 1, D / 16)
-      Tensor tSsK = thr_ss.partition_fragment_B(sK);  // same descriptors, SS atom
-      Tensor sQ16 = make_tensor(make_smem_ptr(ss.q16), typename Cfg::SmemLayoutQ16{});
-      Tensor tSrQ16 = thr_ss.partition_fragment_A(sQ16);  // (MMA, 1, 1)
-      constexpr int kRegK = kQRegCols / 16;
-      warpgroup_fence_operand(tSrQ32);
-      warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
-      mma_rs.accumulate_ = GMMA::ScaleOut::Zero;
-      static_assert(Cfg::kSFirstGroupK >= 0 && Cfg::kSFirstGroupK <= kRegK, "S's first commit group");
-#pragma unroll
-      for (int k = 0; k < kRegK; ++k) {
-        gemm(mma_rs, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
-        mma_rs.accumulate_ = GMMA::ScaleOut::One;
-        if (Cfg::kSFirstGroupK > 0 && k + 1 == Cfg::kSFirstGroupK) warpgroup_commit_batch();
-      }
-      mma_ss.accumulate_ = GMMA::ScaleOut::One;
-      gemm(mma_ss, tSrQ16(_, _, 0), tSsK(_, _, kRegK), tSrS);
-      if constexpr (Cfg::kPInRope) {
-        Tensor sQr = make_tensor(make_smem_ptr(ss.aux), typename Cfg::SmemLayoutSlab{});
-        Tensor tSrQr = thr_ss.partition_fragment_A(sQr);  // (MMA, 1, 4)
-#pragma unroll
-        for (int k = 0; k < size<2>(tSrQr); ++k) gemm(mma_ss, tSrQr(_, _, k), tSsK(_, _, DV / 16 + k), tSrS);
-      }
-      warpgroup_commit_batch();
-      warpgroup_fence_operand(tSrS);
-    };
-
-    auto publish_p = [&](int tw, int st) {
-      fence_proxy_async_shared();  // P and the zeroed tail rows are read by wgmma (async proxy)
-      __syncwarp();
-      if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[st]);
-    };
-
-    if (!cur.valid()) named_barrier_arrive(detail::kBarFirstQ, detail::kFirstQThreads);  // no work: free the producer
-    int unpublished = -1;  // stage whose P is stored but not yet published (see p_full below)
-    bool piece_start = true;
-    // Per tile: S(n) is issued first, and the loop's bookkeeping comes after the wait for it (off
-    // WG0's chain S -> softmax -> P store -> S, which is the tile period).
-    for (int n = 0; cur.valid(); ++n) {
-      if (piece_start) {
-        start_piece(n == 0);
-        piece_start = false;
-      }
-      issue_s(n);
-      const int tw = detail::ws_opaque(threadIdx.x % 128);
-      const int row0 = row0_of(tw), col_lane = col_lane_of(tw);
-      const int m_block = blockIdx.z, g = blockIdx.y;
-      const int stage = n % NS;
-      Element* kv = ss.kv[stage];
-
-      // P(n - 1)'s stores reach the async proxy while S(n) runs (the fence waits for them); P(n - 1)
-      // goes to the P V warpgroups only once most of S(n) is done: S then has the tensor cores
-      // (nearly) to itself, and P V(n - 1) runs during the rest of it and this softmax (tile
-      // trace, H200: 4220 -> 3550 cycles per tile at h_q = 128 when published after all of S).
-      fence_proxy_async_shared();
-      if constexpr (Cfg::kSFirstGroupK > 0) warpgroup_wait<1>();
-      else warpgroup_wait<0>();
-      if (unpublished >= 0) {
-        __syncwarp();
-        if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[unpublished]);
-        unpublished = -1;
-      }
-      if constexpr (Cfg::kSFirstGroupK > 0) warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-      warpgroup_fence_operand(tSrQ32);
-
-      // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1. Keys < L - s_q + 1 are
-      // visible to every row, so only a piece's last tile or two mask: the row limits need an
-      // integer division (row / q_per_kv), a dependent chain on WG0's critical path.
-      if (cur.tok + BN > cur.L - (p.causal ? p.s_q - 1 : 0)) {
-        int lim[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) lim[h] = detail::visible_keys(p, cur.L, m_block * BM + row0 + 8 * h);
-        // A select, so NaN never survives.
-        detail::mask_invisible(tSrS, cur.tok, col_lane, lim);
-      }
-      // ---- online softmax (log2 domain) ----
-      // Lazy rescaling: m_run moves only by more than kLazyRescaleLog2, so the O scale is exactly
-      // 1 for almost every tile and the P V warpgroups skip the rescale (their multiplies
-      // competed with this softmax for issue slots).
-      float sc[2];  // O rescale of this tile
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float mx = detail::row_max(tSrS, h) * p.scale_log2;
-        // -inf + 8 is -inf: a row's first visible key always moves it; an all-masked tile never.
-        const bool move = mx > m_run[h] + detail::kLazyRescaleLog2;
-        const float m_new = move ? mx : m_run[h];
-        const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
-        sc[h] = move ? detail::ex2_approx(m_run[h] - m_use) : 1.f;
-        m_run[h] = m_new;
-        const float sum = detail::exp2_row(tSrS, h, p.scale_log2, m_use);
-        l_run[h] = l_run[h] * sc[h] + sum;
-      }
-
-      // ---- piece end: l, lse; P and the O rescale of this tile are scaled by 1/l ----
-      const bool last = cur.tok + BN >= cur.stop;
-      float lse2[2] = {-kInf, -kInf};
-      if (last) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float l = l_run[h];
-          l += __shfl_xor_sync(0xffffffffu, l, 1);
-          l += __shfl_xor_sync(0xffffffffu, l, 2);
-          const float inv_l = l > 0.f ? detail::rcp_approx(l) : 0.f;
-          lse2[h] = l > 0.f ? m_run[h] + detail::lg2_approx(l) : -kInf;
-          // In place (no second copy of P in registers: WG0 has none to spare).
-          sc[h] *= inv_l;
-          detail::scale_row(tSrS, h, inv_l);
-        }
-      }
-
-      // ---- hand P(n) to WG1/WG2 through stage s's slots ----
-      Element* pbuf;
-      if constexpr (Cfg::kPInRope) {
-        pbuf = kv + DV * BN;  // the rope slab of this tile: free once every warp's S(n) is done
-        named_barrier_sync(kBarWG0, 128);
-      } else {
-        pbuf = ss.aux + stage * (BM * BN);
-      }
-      detail::store_p_slab_stsm<Element>(smem_addr(pbuf), tw, tSrS);
-      if ((tw & 3) == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) ss.row_scale[stage][row0 + 8 * h] = sc[h];
-      }
-      if (tw == 0) {
-        detail::WsTileInfo info;
-        info.last = last;
-        info.bi = cur.bi;
-        ss.info[stage] = info;
-      }
-      auto store_lse = [&]() {
-        if ((tw & 3) == 0) {
-          const int* meta = meta_ptr();
-          const PieceDest dest =
-              piece_dest(p, cur.bi, cur.bi == meta[kMetaBeginBatch] ? meta[kMetaBeginSplit] : 0);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int r = m_block * BM + row0 + 8 * h;
-            if (r < p.rows) store_piece_lse(p, dest, cur.bi, g, r, lse2[h]);
-          }
-          // Fused combine: the CTA that completes the batch's count (after this tile's P V) reads
-          // every split's lse_accum; fenced before P is published.
-          if (Cfg::kFusedCombine && !dest.single) __threadfence();
-        }
-      };
-      if constexpr (Cfg::kFusedCombine) {
-        if (last) store_lse();
-      }
-      // Published after S(n + 1) (at the loop top, which fences the P stores while S runs), except at
-      // a piece's last tile: the P V warpgroups then store O, and the next piece's first S waits for
-      // its Q anyway.
-      if (last) {
-        publish_p(tw, stage);
-        if constexpr (!Cfg::kFusedCombine) store_lse();
-        piece_start = true;
-        cur.seek(meta_ptr(), seqlens, cur.bi + 1);
-      } else {
-        unpublished = stage;
-        cur.tok += BN;
-      }
-    }
-    if (threadIdx.x == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceWg0Done);
-    // The code after the role branches runs in every warp: give it one register budget.
-    detail::setmaxnreg_dec<Cfg::kRegsPV>();
+    detail::ws_softmax_warpgroup<Cfg>(p, seqlens, ss);
   } else {
-    // ================ WG1 / WG2: O[:, half] += P V[:, half]; thread 128: TMA producer ================
-    // setmaxnreg first: WG0's setmaxnreg.inc waits for these registers, and with it the CTA's
-    // first Q (the tile count below walks the CTA's batches, a chain of dependent loads).
-    __syncwarp();  // setmaxnreg is .aligned
-    detail::setmaxnreg_dec<Cfg::kRegsPV>();
-    const int half = wg - 1;
-    const int tid_wg = tid % 128;
-    const int lane = tid % 32;
-    const int row0 = (tid_wg / 32) * 16 + lane / 4;
-    const int col_lane = (lane % 4) * 2;
-
-    // Tile 0 is issued at once, tiles 1 .. NUM_STAGES - 1 once WG0 has its first Q: issued
-    // together, the KV tiles of every CTA (~29 MB) were queued ahead of the small Q loads, which
-    // then landed ~10 us after the CTA started (clock trace, 32/1/4096/16 on the H200).
-    const bool producer_warp = tid / 32 == 4;
-    if (is_producer) {
-      const int* meta = meta_ptr();
-      const int b0 = meta[kMetaBeginBatch], t0 = meta[kMetaBeginToken];
-      // The first tile's block-table entry into L2 while the walk reads the sequence length
-      // (only for a non-empty range: with every sequence empty the table may have no columns).
-      if (meta_has_range(meta) && b0 < p.b)
-        detail::prefetch_l2(p.block_table + (long long)b0 * p.block_table_stride + t0 / Cfg::PAGE_SIZE);
-      ss.prod_n = 0;
-      ss.prod.init(meta, seqlens);
-      if (ss.prod.valid()) issue_tile();
-    }
-    __syncwarp();
-
-    // Tiles of this CTA (WG0 owns the walk; the P V warpgroups only need the count), counted
-    // before O's registers are live.
-    int num_tiles = 0;
-    {
-      detail::WorkCursor c;
-      c.init(meta_ptr(), seqlens);
-      while (c.valid()) {
-        num_tiles += (c.stop - c.tok + BN - 1) / BN;
-        c.seek(seqlens, c.bi + 1);
-      }
-    }
-
-    if constexpr (Cfg::kFusedCombine) {
-      // No combine kernel: batches without keys get out = 0 / lse = +inf here (WG2 has time for
-      // it while WG0 computes the first S).
-      if (half == 1) detail::ws_write_empty_batches<Cfg>(p, tid_wg, blockIdx.y, blockIdx.z);
-    }
-    if (producer_warp) {
-      named_barrier_sync(detail::kBarFirstQ, detail::kFirstQThreads);
-      if (is_producer) {
-        MLA_JIT_TRACE_VALUE(mla_jit_trace_splitkv, kTraceTiles, num_tiles);
-        for (int s = 1; s < NS && ss.prod.valid(); ++s) issue_tile();
-      }
-      __syncwarp();  // reconverge warp 4 before any .aligned instruction
-    }
-
-    typename Cfg::TiledMmaO mma_o;
-    Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<BM>, Int<DV / 2>>{});
-#pragma unroll
-    for (int i = 0; i < size(tOrO); ++i) tOrO(i) = 0.f;
-
-    int stage = 0;
-    uint32_t phase = 0;
-    bool fresh = true;  // first tile of a piece: the P V wgmma overwrites O (scale-d = 0)
-    for (int n = 0; n < num_tiles; ++n) {
-      // Refill the stage of tile n - 1 with tile n - 1 + NS as soon as both P V warpgroups are
-      // done with it, before waiting for P(n): P(n) is published only after S(n + 1), whose
-      // bytes may be the ones this issues (NS = 2), and the TMA latency (~3600 cycles at h_q = 128,
-      // H200) needs the head start.
-      if (is_producer && n > 0 && ss.prod.valid()) issue_tile();
-      __syncwarp();  // lane 0 of warp 4 may have diverged into the producer path
-      mbarrier_wait(&ss.p_full[stage], phase);
-      mbarrier_wait(&ss.full[stage], phase);  // complete already (WG0 waited it): TMA bytes visible
-      const float sc0 = ss.row_scale[stage][row0], sc1 = ss.row_scale[stage][row0 + 8];
-      // Lazy rescaling makes the scale exactly 1 on most tiles; a piece's first tile overwrites O.
-      if (!fresh && __any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
-#pragma unroll
-        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
-      }
-
-      Element* kv = ss.kv[stage];
-      Element* pbuf;
-      if constexpr (Cfg::kPInRope) {
-        pbuf = kv + DV * BN;
-      } else {
-        pbuf = ss.aux + stage * (BM * BN);
-      }
-      detail::issue_pv_half<Cfg>(mma_o, tid_wg, pbuf, kv + half * (DV / 2) * BN, tOrO, fresh);
-
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      // Read the rest of stage s's slots before releasing the stage.
-      const detail::WsTileInfo info = ss.info[stage];
-      __syncwarp();
-      if constexpr (Cfg::CLUSTER_M == 1) {
-        if (lane == 0) mbarrier_arrive(&ss.pv_done[stage]);
-      } else {
-        // Lane r tells cluster CTA r: its producer multicasts into this CTA's stage too.
-        if (lane < Cfg::CLUSTER_M) mbarrier_arrive_cluster(&ss.pv_done[stage], lane);
-      }
-
-      if (info.last) {
-        // This warpgroup's half of O for the finished piece (rows < p.rows only).
-        const int m_block = blockIdx.z, g = blockIdx.y;
-        const int* meta = meta_ptr();
-        const PieceDest dest = piece_dest(p, info.bi, info.bi == meta[kMetaBeginBatch] ? meta[kMetaBeginSplit] : 0);
-        const bool single = dest.single;
-        const int slot = dest.slot;
-        const int col_base = half * (DV / 2) + col_lane;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = m_block * BM + row0 + 8 * h;
-          if (r >= p.rows) continue;
-          if (single) {
-            detail::ws_store_out_row<Cfg>(p, tOrO, info.bi, r, h, col_base);
-          } else {
-            float* o = p.o_accum + (((slot * p.h_kv + g) * p.rows + r) * DV + col_base);
-            const uint64_t keep = l2_evict_last_policy();
-#pragma unroll
-            for (int j = 0; j < size(tOrO) / 4; ++j) {
-              const int i = j * 4 + h * 2;
-              st_global_f2_hint(o + j * 8, tOrO(i), tOrO(i + 1), keep);
-            }
-          }
-        }
-        if constexpr (Cfg::kFusedCombine) {
-          if (!single) detail::ws_count_split(p, dest, info.bi, g, m_block, tid, ss.pending, &ss.num_pending);
-        }
-      }
-      fresh = info.last;
-      if (++stage == NS) {
-        stage = 0;
-        phase ^= 1u;
-      }
-    }
-    if (tid_wg == 0) MLA_JIT_TRACE_LATEST(mla_jit_trace_splitkv, kTracePvDone);  // WG1's or WG2's, later
+    detail::ws_pv_warpgroup<Cfg>(p, seqlens, tmap, ss, wg, tid);
   }
   if constexpr (Cfg::kFusedCombine) {
     // Step 2 of the fused combine: all 12 warps merge the batches this CTA completed. The KV
