@@ -16,6 +16,7 @@ previous commit's mla_jit extracted as mla_jit_prev: scripts/gpu_run.sh PREV=<co
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -106,10 +107,22 @@ def host_time_us(fn, calls: int = 200, rounds: int = 10) -> float:
     return statistics.median(samples)
 
 
+def host_times_interleaved(fns: dict, calls: int = 200, rounds: int = 30) -> dict[str, float]:
+    """host_time_us of each function, the functions taking turns round by round, in an order that
+    rotates every round (host speed drifts, and a variant's time depends on what ran before it:
+    compare variants only within one such run)."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name].append(host_time_us(fns[name], calls=calls, rounds=1))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
-    parser.add_argument("--rows", type=int, default=len(ANCHOR_ROWS))
+    parser.add_argument("--rows", type=int, default=len(ANCHOR_ROWS), help="anchor rows to time (0: host times only)")
     parser.add_argument("--arch", help="kernel family tuning, e.g. sm_80 or sm_89 (sets MLA_JIT_ARCH); "
                         "default: the GPU's own")
     parser.add_argument("--schedule", choices=("ws", "ws_unfused"),
@@ -173,21 +186,22 @@ def main() -> None:
     # Host time: a shape whose GPU time (~10 us) is well below the host time, so that the launch
     # queue never fills and blocks the host ((4, 1, 512, 16) was ~20 us of GPU time, too close).
     q, k_cache, block_table, lens = make_inputs(1, 1, 256, 16)
-    host = {}
+    fns = {}
     for tag, pkg in zip(("", "against_"), packages):
         metadata, num_splits = pkg.get_mla_metadata(lens, 16, 1)
-        host[tag + "decode_call_us"] = host_time_us(lambda: pkg.flash_mla_with_kvcache(
-            q, k_cache, block_table, lens, DV, metadata, num_splits))
-        host[tag + "metadata_call_us"] = host_time_us(lambda: pkg.get_mla_metadata(lens, 16, 1))
+        fns[tag + "decode_call_us"] = functools.partial(pkg.flash_mla_with_kvcache, q, k_cache, block_table, lens,
+                                                        DV, metadata, num_splits)
+        fns[tag + "metadata_call_us"] = functools.partial(pkg.get_mla_metadata, lens, 16, 1)
     # FlashMLA's current API, as an engine's later layers call it: the schedule object already filled.
     sched, _ = mla_jit.get_mla_metadata()
     mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, DV, sched, None)
-    host["decode_call_lazy_schedule_us"] = host_time_us(lambda: mla_jit.flash_mla_with_kvcache(
-        q, k_cache, block_table, lens, DV, sched, None))
+    fns["decode_call_lazy_schedule_us"] = functools.partial(mla_jit.flash_mla_with_kvcache, q, k_cache, block_table,
+                                                            lens, DV, sched, None)
     # The torch custom op called directly (what a torch.compile'd graph runs), for the dispatcher's cost.
     metadata, num_splits = mla_jit.get_mla_metadata(lens, 16, 1)
-    host["decode_torch_op_us"] = host_time_us(lambda: torch.ops.mla_jit.flash_mla_with_kvcache(
-        q, k_cache, block_table, lens, DV, metadata, num_splits))
+    fns["decode_torch_op_us"] = functools.partial(torch.ops.mla_jit.flash_mla_with_kvcache, q, k_cache, block_table,
+                                                  lens, DV, metadata, num_splits)
+    host = host_times_interleaved(fns)
     report = {"gpu": torch.cuda.get_device_name(0), "rows": results, "host": host,
               **({"against": args.against} if args.against else {})}
     if args.json:
@@ -203,6 +217,7 @@ def main() -> None:
         print(f"{r['b']:>4} {r['s_q']:>2} {r['s_k']:>6} {r['h_q']:>4} {r['causal']:>1} {r['us']:8.1f} "
               f"{r['tflops']:7.0f} {r['gbps']:6.0f} {r['flashmla_us']:8.1f} {r['ratio']:6.2f} "
               f"{r['roofline_fraction']:5.2f}" + extra)
+    print("host times interleaved round by round (sleep kernel holds the GPU; median of 30 rounds of 200 calls)")
     print(f"host time per warm call: decode {host['decode_call_us']:.1f} us, metadata {host['metadata_call_us']:.1f} us, "
           f"decode with a filled FlashMLASchedMeta {host['decode_call_lazy_schedule_us']:.1f} us, "
           f"torch.ops.mla_jit decode {host['decode_torch_op_us']:.1f} us")

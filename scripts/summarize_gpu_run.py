@@ -17,6 +17,8 @@ def main(out: Path) -> None:
     for path in sorted(out.glob("bench_decode*.json")):
         report = json.loads(path.read_text())
         rows = report["rows"]
+        if not rows:
+            continue
         cells = [f"{r['b']}/{r['s_q']}/{r['s_k']}/{r['h_q']}{'c' if r['causal'] else ''} {r['ratio']:.2f}" for r in rows]
         worst = min(rows, key=lambda r: r["ratio"])
         kernels = path.stem.removeprefix("bench_decode").lstrip("_") or "native"

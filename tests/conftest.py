@@ -55,3 +55,16 @@ def private_tmp(tmp_path, monkeypatch):
 def pytest_report_header(config):
     return f"mla_jit GPU tests: {'enabled' if _hopper_available() else 'skipped (no Hopper GPU)'}; " \
            f"MLA_JIT_COMPILER={os.environ.get('MLA_JIT_COMPILER', 'nvrtc')}"
+
+
+@pytest.fixture
+def cli_env(tmp_path):
+    """Environment of a CLI subprocess: a private cache root and TMPDIR, every other knob at its default."""
+    from mla_jit.jit import env as env_mod
+    tmp = tmp_path / "tmp"   # TMPDIR of the CLI: where a fallback or temporary root would appear
+    tmp.mkdir()
+    env = {"MLA_JIT_CACHE_DIR": str(tmp_path / "cache"), "TMPDIR": str(tmp)}
+    for var in ("MLA_JIT_OFFLINE", "MLA_JIT_READONLY_CACHE_DIRS", "MLA_JIT_DISABLE_CACHE", "MLA_JIT_ARCH",
+                "MLA_JIT_LOCK_TIMEOUT", "MLA_JIT_COMPILER"):
+        env[var] = env_mod.ENV_VARS[var].default
+    return env

@@ -1,5 +1,5 @@
 """GPU-free: the CLI as a new user meets it on a machine without a GPU (bad cache dirs, bad --config
-specs, EOF and broken pipes, Ctrl-C, --help, startup cost, offline mode, error messages)."""
+specs, EOF and broken pipes, Ctrl-C, --help, startup cost; test_cli_errors.py has the rest)."""
 import json
 import os
 import shutil
@@ -13,35 +13,10 @@ from pathlib import Path
 import pytest
 
 from mla_jit import cli, presets
-from mla_jit.jit import build as build_mod
-from mla_jit.jit import env as env_mod
 from mla_jit.jit.arch import SUPPORTED_ARCHS
 from mla_jit.runtimes import registry
 
-REPO = Path(__file__).resolve().parent.parent
-TILE_COPY_SPEC = "tile_copy:dtype=fp32,block_rows=64,block_cols=64,num_threads=256"
-
-
-def _run(*args, env_extra=None, **kwargs):
-    exe = shutil.which("mla-jit")
-    assert exe, "the mla-jit console script is not installed"
-    env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([exe, *args], capture_output=True, text=True, env=env, **kwargs)
-
-
-@pytest.fixture
-def cli_env(tmp_path):
-    tmp = tmp_path / "tmp"   # TMPDIR of the CLI: where a fallback or temporary root would appear
-    tmp.mkdir()
-    env = {"MLA_JIT_CACHE_DIR": str(tmp_path / "cache"), "TMPDIR": str(tmp)}
-    for var in ("MLA_JIT_OFFLINE", "MLA_JIT_READONLY_CACHE_DIRS", "MLA_JIT_DISABLE_CACHE", "MLA_JIT_ARCH",
-                "MLA_JIT_LOCK_TIMEOUT", "MLA_JIT_COMPILER"):
-        env[var] = env_mod.ENV_VARS[var].default
-    return env
-
-
-def _no_traceback(proc):
-    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+from .cli_helpers import REPO, TILE_COPY_SPEC, no_traceback, run_cli
 
 
 # ---- 1. an unusable MLA_JIT_CACHE_DIR ----------------------------------------------------------
@@ -59,9 +34,9 @@ def _unusable_dirs(tmp_path):
 def test_prewarm_fails_on_an_unusable_cache_dir_before_compiling(cli_env, tmp_path):
     for cache_dir, reason in _unusable_dirs(tmp_path):
         env = {**cli_env, "MLA_JIT_CACHE_DIR": str(cache_dir)}
-        proc = _run("prewarm", "--op", "tile_copy", "--jobs", "1", env_extra=env)
+        proc = run_cli("prewarm", "--op", "tile_copy", "--jobs", "1", env_extra=env)
         assert proc.returncode != 0, proc.stdout
-        _no_traceback(proc)
+        no_traceback(proc)
         errors = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert len(errors) == 1 and errors[0].startswith("mla-jit: error: "), proc.stderr
         assert str(cache_dir) in errors[0] and reason in errors[0]
@@ -73,21 +48,21 @@ def test_list_info_clear_report_an_unusable_root_and_create_nothing(cli_env, tmp
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     env = {**cli_env, "MLA_JIT_CACHE_DIR": str(blocker / "cache")}
-    listed = _run("list", env_extra=env)
+    listed = run_cli("list", env_extra=env)
     assert listed.returncode == 0 and "no cached kernels" in listed.stdout
     assert str(blocker / "cache") in listed.stderr and "unusable" in listed.stderr
-    info = json.loads(_run("info", "--json", env_extra=env).stdout)
+    info = json.loads(run_cli("info", "--json", env_extra=env).stdout)
     root = info["cache_roots"][0]
     assert root["path"] == str(blocker / "cache") and root["status"] == "unusable"
     assert "not a directory" in root["problem"]
-    cleared = _run("clear", "--yes", env_extra=env)
+    cleared = run_cli("clear", "--yes", env_extra=env)
     assert cleared.returncode == 2 and str(blocker / "cache") in cleared.stderr
-    _no_traceback(cleared)
+    no_traceback(cleared)
     # A missing root: reported as missing, and still not created.
     missing = {**cli_env, "MLA_JIT_CACHE_DIR": str(tmp_path / "not" / "yet")}
-    assert "does not exist" in _run("list", env_extra=missing).stderr
-    assert json.loads(_run("info", "--json", env_extra=missing).stdout)["cache_roots"][0]["status"] == "missing"
-    assert "nothing to remove" in _run("clear", "--yes", env_extra=missing).stdout
+    assert "does not exist" in run_cli("list", env_extra=missing).stderr
+    assert json.loads(run_cli("info", "--json", env_extra=missing).stdout)["cache_roots"][0]["status"] == "missing"
+    assert "nothing to remove" in run_cli("clear", "--yes", env_extra=missing).stdout
     assert not (tmp_path / "not").exists()
     assert list(Path(cli_env["TMPDIR"]).iterdir()) == []   # no temporary roots leaked
 
@@ -108,7 +83,7 @@ def test_ops_share_one_private_fallback_root_which_list_shows(cli_env, tmp_path)
     assert (origin1, origin2) == ("compiled", "disk") and path1 == path2 and path1.startswith(str(fallback))
     assert all(r.stderr.count("not usable") == 1 and str(blocker) in r.stderr for r in runs)
     assert os.listdir(cli_env["TMPDIR"]) == [fallback.name]
-    listed = _run("list", env_extra={**cli_env, "MLA_JIT_CACHE_DIR": str(blocker / "cache")})
+    listed = run_cli("list", env_extra={**cli_env, "MLA_JIT_CACHE_DIR": str(blocker / "cache")})
     assert "tile_copy-fp32" in listed.stdout and str(fallback) in listed.stdout
     assert "unusable" in listed.stderr and str(fallback) in listed.stderr
 
@@ -131,9 +106,9 @@ def test_ops_share_one_private_fallback_root_which_list_shows(cli_env, tmp_path)
     ("nope:x=1", "unknown kernel family 'nope'"),
 ])
 def test_bad_config_spec_is_one_line_and_exit_2(cli_env, spec, expect):
-    proc = _run("prewarm", "--config", spec, env_extra=cli_env)
+    proc = run_cli("prewarm", "--config", spec, env_extra=cli_env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    _no_traceback(proc)
+    no_traceback(proc)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and expect in lines[0], proc.stderr
     assert not Path(cli_env["MLA_JIT_CACHE_DIR"]).exists()   # nothing started
@@ -158,9 +133,9 @@ def test_config_from_spec_is_strict():
 
 def test_clear_at_eof_removes_nothing(cli_env):
     os.makedirs(cli_env["MLA_JIT_CACHE_DIR"])
-    proc = _run("clear", env_extra=cli_env, stdin=subprocess.DEVNULL)
+    proc = run_cli("clear", env_extra=cli_env, stdin=subprocess.DEVNULL)
     assert proc.returncode == 1 and "nothing removed" in proc.stdout
-    _no_traceback(proc)
+    no_traceback(proc)
     assert proc.stderr == ""
 
 
@@ -180,7 +155,7 @@ def test_broken_pipe_is_quiet(cli_env, command):
 
 
 def test_list_piped_into_head(cli_env):
-    assert _run("prewarm", "--config", TILE_COPY_SPEC, "--jobs", "1", env_extra=cli_env).returncode == 0
+    assert run_cli("prewarm", "--config", TILE_COPY_SPEC, "--jobs", "1", env_extra=cli_env).returncode == 0
     proc = subprocess.run(f"'{shutil.which('mla-jit')}' list | head -1", shell=True, capture_output=True,
                           text=True, env={**os.environ, **cli_env})
     assert proc.stdout.startswith("arch") and proc.stderr == ""
@@ -241,7 +216,7 @@ def _live_members(pgid: int) -> list[str]:
 
 def _families_of(*argv):
     args = cli.build_parser().parse_args(["prewarm", *argv])
-    return {family.name for family, _, _ in cli._enumerate_jobs(args)}
+    return {family.name for family, _, _ in cli.prewarm._enumerate_jobs(args)}
 
 
 def test_examples_are_not_prewarmed_by_default(monkeypatch):
@@ -254,7 +229,7 @@ def test_examples_are_not_prewarmed_by_default(monkeypatch):
     assert _families_of("--op", "tile_copy") == {"tile_copy"}
     assert _families_of("--op", "wgmma_gemm", "--op", "get_mla_metadata") == {"wgmma_gemm", "mla_metadata"}
     assert _families_of("--config", TILE_COPY_SPEC) == {"tile_copy"}
-    source = (REPO / "mla_jit" / "cli.py").read_text()
+    source = "".join(p.read_text() for p in (REPO / "mla_jit" / "cli").glob("*.py"))
     assert "tile_copy" not in source and "wgmma" not in source
 
 
@@ -263,7 +238,7 @@ def test_examples_are_not_prewarmed_by_default(monkeypatch):
 
 @pytest.mark.parametrize("argv", [["--help"], ["prewarm", "--help"]])
 def test_help_lists_ops_presets_and_archs(cli_env, argv):
-    proc = _run(*argv, env_extra=cli_env)
+    proc = run_cli(*argv, env_extra=cli_env)
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())
     ops = {op for f in registry.families().values() for op in f.ops}
@@ -308,121 +283,3 @@ def test_help_import_time(cli_env):
     modules = [ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")]
     assert not [m for m in modules if m.split(".")[0] in ("torch", "cutlass_library")
                 or m.startswith("cuda.bindings")], modules
-
-
-# ---- 6. prewarm compiles under MLA_JIT_OFFLINE=1 -------------------------------------------------
-
-
-def test_prewarm_compiles_in_offline_mode(cli_env):
-    env = {**cli_env, "MLA_JIT_OFFLINE": "1"}
-    proc = _run("prewarm", "--config", TILE_COPY_SPEC, "--jobs", "1", env_extra=env)
-    assert proc.returncode == 0, proc.stderr
-    assert "prewarm: 1 compiled, 0 already cached, 0 failed" in proc.stdout
-    assert "prewarm` compiles regardless" in env_mod.ENV_VARS["MLA_JIT_OFFLINE"].help
-
-
-# ---- 7. typed errors with their reason -----------------------------------------------------------
-
-
-@pytest.mark.parametrize("env_extra,argv,expect", [
-    ({"MLA_JIT_LOCK_TIMEOUT": "abc"}, ["prewarm", "--config", TILE_COPY_SPEC], "MLA_JIT_LOCK_TIMEOUT='abc'"),
-    ({"MLA_JIT_ARCH": "sm_100a"}, ["prewarm"], "MLA_JIT_ARCH=sm_100a: unsupported architecture sm_100a; "
-                                              "supported: sm_80, sm_86, sm_89, sm_90a"),
-    ({}, ["prewarm", "--arch", "sm_100a"], "unsupported architecture sm_100a; supported: sm_80, sm_86, sm_89, sm_90a"),
-    ({}, ["prewarm", "--arch", "sm_90a@sm_80"], "TARGET >= TUNING"),
-    ({"MLA_JIT_COMPILER": "gcc"}, ["prewarm"], "MLA_JIT_COMPILER='gcc'"),
-    ({"MLA_JIT_DISABLE_CACHE": "1"}, ["prewarm"], "MLA_JIT_DISABLE_CACHE=1"),
-])
-def test_errors_are_one_line_without_traceback(cli_env, env_extra, argv, expect):
-    proc = _run(*argv, env_extra={**cli_env, **env_extra})
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    _no_traceback(proc)
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("mla-jit: error: ") and expect in lines[0], proc.stderr
-
-
-def test_offline_miss_names_the_roots_searched(cache_root, tmp_path, monkeypatch):
-    import mla_jit
-    from .helpers import toy_source
-    shipped = tmp_path / "shipped"
-    shipped.mkdir()
-    monkeypatch.setenv("MLA_JIT_READONLY_CACHE_DIRS", str(shipped))
-    monkeypatch.setenv("MLA_JIT_OFFLINE", "1")
-    with pytest.raises(mla_jit.OfflineCacheMissError) as info:
-        build_mod.build(toy_source())
-    assert info.value.roots == (str(cache_root), str(shipped))
-    assert f"searched {cache_root}, {shipped}" in str(info.value)
-
-
-# ---- 8. nvcc under /usr/local/cuda; tests skip without nvcc ---------------------------------------
-
-
-def _fake_cuda_home(tmp_path) -> Path:
-    home = tmp_path / "usr_local_cuda"
-    (home / "bin").mkdir(parents=True)
-    nvcc = home / "bin" / "nvcc"
-    nvcc.write_text("#!/bin/sh\necho 'Build fake'\n")
-    nvcc.chmod(0o755)
-    return home
-
-
-def _no_nvcc_env(monkeypatch, tmp_path):
-    monkeypatch.delenv("MLA_JIT_NVCC", raising=False)
-    monkeypatch.delenv("CUDA_HOME", raising=False)
-    monkeypatch.delenv("CUDA_PATH", raising=False)
-    empty = tmp_path / "empty_bin"
-    empty.mkdir(exist_ok=True)
-    monkeypatch.setenv("PATH", str(empty))
-
-
-def test_nvcc_is_found_under_the_system_cuda_home(monkeypatch, tmp_path):
-    from mla_jit.jit.compiler import NvccCompiler, get_compiler
-    _no_nvcc_env(monkeypatch, tmp_path)
-    home = _fake_cuda_home(tmp_path)
-    monkeypatch.setattr(NvccCompiler, "SYSTEM_CUDA_HOMES", (str(home),))
-    nvcc = get_compiler("nvcc")
-    assert nvcc.executable() == str(home / "bin" / "nvcc")
-    assert nvcc.candidates()[-1] == str(home / "bin" / "nvcc")   # looked at last
-    assert NvccCompiler.SYSTEM_CUDA_HOMES != ("/usr/local/cuda",)
-    monkeypatch.setattr(NvccCompiler, "SYSTEM_CUDA_HOMES", ("/usr/local/cuda",))
-    assert nvcc.candidates() == ["/usr/local/cuda/bin/nvcc"]
-
-
-def test_tests_needing_nvcc_skip_without_it(monkeypatch, tmp_path):
-    import mla_jit
-    from mla_jit.jit.compiler import NvccCompiler, get_compiler
-    from .helpers import require_nvcc
-    _no_nvcc_env(monkeypatch, tmp_path)
-    monkeypatch.setattr(NvccCompiler, "SYSTEM_CUDA_HOMES", (str(tmp_path / "no_cuda"),))
-    with pytest.raises(mla_jit.MlaJitError, match="nvcc not found"):
-        get_compiler("nvcc").executable()
-    with pytest.raises(pytest.skip.Exception, match="needs nvcc: nvcc not found"):
-        require_nvcc()
-    monkeypatch.setenv("MLA_JIT_NVCC", str(tmp_path / "nope"))
-    with pytest.raises(mla_jit.ConfigError, match="MLA_JIT_NVCC"):
-        get_compiler("nvcc").executable()
-
-
-# ---- 9. a warm prewarm does not start compile processes -------------------------------------------
-
-
-def test_warm_prewarm_starts_no_process(cache_root, monkeypatch, capsys):
-    import concurrent.futures
-    assert cli.main(["prewarm", "--op", "tile_copy", "--jobs", "1"]) == 0
-    assert "3 compiled" in capsys.readouterr().out
-    build_mod.clear_memo()
-
-    def refuse(*a, **k):
-        raise AssertionError("a warm prewarm must not start worker processes")
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", refuse)
-    assert cli.main(["prewarm", "--op", "tile_copy", "--jobs", "4"]) == 0
-    out = capsys.readouterr().out
-    assert "prewarm: 0 compiled, 3 already cached, 0 failed" in out
-
-
-def test_prewarm_compiles_only_the_misses_in_workers(cli_env):
-    assert _run("prewarm", "--config", TILE_COPY_SPEC, "--jobs", "1", env_extra=cli_env).returncode == 0
-    proc = _run("prewarm", "--op", "tile_copy", "--jobs", "2", env_extra=cli_env)
-    assert proc.returncode == 0, proc.stderr
-    assert "prewarming 3 kernel(s): 1 already cached, compiling 2 with 2 process(es)" in proc.stdout
-    assert "prewarm: 2 compiled, 1 already cached, 0 failed" in proc.stdout

@@ -115,7 +115,8 @@ class _FakeDecodePlan:
         self.calls = []
         _FakeDecodePlan.built.append(self)
 
-    def run(self, q, k_cache, block_table, cache_seqlens, metadata, num_splits, scale, causal):
+    def run(self, q, q_ptr, k_cache, k_ptr, block_table, cache_seqlens, metadata, num_splits, scale, causal):
+        assert (q_ptr, k_ptr) == (q.data_ptr(), k_cache.data_ptr())
         self.calls.append((q.data_ptr(), metadata.data_ptr(), scale, causal))
         return q.new_zeros(self.shapes[0]), q.new_zeros(self.shapes[1], dtype=torch.float32)
 

@@ -174,7 +174,7 @@ class DecodePlan:
 
     __slots__ = ("splitkv", "combine", "box", "parts", "h_kv", "q_per_kv", "rows", "o_accum_elems",
                  "accum_elems", "counter_elems", "max_blocks", "bt_stride", "default_scale", "device_index",
-                 "out_shape", "lse_shape", "b", "s_q", "h_q", "q_strides")
+                 "out_shape", "lse_shape", "b", "s_q", "h_q", "q_strides", "kv_shape", "kv_dtype")
 
     def __init__(self, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, head_dim_v: int,
                  parts: int):
@@ -201,12 +201,14 @@ class DecodePlan:
         self.default_scale = d ** -0.5
         self.out_shape = (b, s_q, h_q, head_dim_v)
         self.lse_shape = (b, h_q, s_q)
+        self.kv_shape, self.kv_dtype = k_cache.shape, k_cache.dtype  # fixed by the plan's signature
 
-    def run(self, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
-            tile_scheduler_metadata: torch.Tensor, num_splits: torch.Tensor, scale: float,
-            causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, q: torch.Tensor, q_ptr: int, k_cache: torch.Tensor, k_ptr: int, block_table: torch.Tensor,
+            cache_seqlens: torch.Tensor, tile_scheduler_metadata: torch.Tensor, num_splits: torch.Tensor,
+            scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Enqueue the call on the current stream; (out, lse) as flash_mla_with_kvcache returns them.
-        The caller has checked the signature and that q and k_cache are 16-byte aligned."""
+        The caller has checked the signature and that q_ptr and k_ptr (the data pointers of q and
+        k_cache) are 16-byte aligned."""
         out = q.new_empty(self.out_shape)  # new_empty: ~1 us cheaper than torch.empty(..., device=)
         lse = q.new_empty(self.lse_shape, dtype=torch.float32)
         stream = current_stream(self.device_index)
@@ -216,15 +218,12 @@ class DecodePlan:
                                                                     self.counter_elems, q)
         q_stride = self.q_strides
         params = DECODE_PARAMS.pack(
-            q.data_ptr(), out.data_ptr(), lse.data_ptr(), accum_ptr, accum_ptr + 4 * self.o_accum_elems,
+            q_ptr, out.data_ptr(), lse.data_ptr(), accum_ptr, accum_ptr + 4 * self.o_accum_elems,
             block_table.data_ptr(), cache_seqlens.data_ptr(), tile_scheduler_metadata.data_ptr(),
             num_splits.data_ptr(), q_stride[0], q_stride[1], q_stride[2], self.bt_stride,
             self.b, self.s_q, self.h_q, self.h_kv, self.q_per_kv, self.rows, self.parts, self.max_blocks,
             scale, scale * _LOG2E, 1 if causal and self.s_q > 1 else 0, counters_ptr)
-        if self.box is None:
-            kv = k_cache.data_ptr()
-        else:
-            kv = kv_descriptor(k_cache, (k_cache.data_ptr(), k_cache.shape, k_cache.dtype), self.box)
+        kv = k_ptr if self.box is None else kv_descriptor(k_cache, (k_ptr, self.kv_shape, self.kv_dtype), self.box)
         self.splitkv(stream, params, kv)
         if self.combine is not None:
             self.combine(stream, params)
