@@ -19,10 +19,11 @@ _OPS = {
     "get_mla_metadata": ".ops.decode",
     "flash_mla_with_kvcache": ".ops.decode",
     "FlashMLASchedMeta": ".ops.decode",
+    "merge_attn_states": ".ops.merge",
     "release_workspaces": ".runtimes.workspace",
 }
 # The public ops that are torch custom ops (torch.ops.mla_jit.<name>), each with a fake implementation.
-TORCH_OPS = ("get_mla_metadata", "flash_mla_with_kvcache")
+TORCH_OPS = ("get_mla_metadata", "flash_mla_with_kvcache", "merge_attn_states")
 
 __all__ = [
     *_OPS,

@@ -22,3 +22,23 @@ def require_nvcc() -> str:
         return get_compiler("nvcc").executable()
     except MlaJitError as exc:
         pytest.skip(f"needs nvcc: {exc}")
+
+
+def sass_of(cubin: bytes, tmp_path) -> str:
+    """cuobjdump --dump-sass of a cubin (the test is skipped without cuobjdump and nvdisasm)."""
+    import os
+    import subprocess
+
+    import pytest
+    try:
+        from cuda import pathfinder
+        tool = pathfinder.find_nvidia_binary_utility("cuobjdump")
+        disasm = pathfinder.find_nvidia_binary_utility("nvdisasm")
+    except Exception:
+        tool = disasm = None
+    if not tool or not disasm:
+        pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    path = tmp_path / "k.cubin"
+    path.write_bytes(cubin)
+    env = {**os.environ, "PATH": f"{os.path.dirname(disasm)}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run([tool, "--dump-sass", str(path)], capture_output=True, text=True, check=True, env=env).stdout

@@ -5,13 +5,13 @@ import itertools
 import pytest
 
 from mla_jit import presets
-from mla_jit.configs.decode import (SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, DecodeConfig, accum_rows,
+from mla_jit.configs.decode import (SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, accum_rows,
                                     decode_config, metadata_config, num_sm_parts)
 from mla_jit.jit.build import build
 from mla_jit.runtimes import registry
 from mla_jit.runtimes.decode import DECODE_PARAMS
 
-from .helpers import SM90
+from .helpers import SM90, sass_of
 
 
 def test_num_sm_parts_fills_one_wave():
@@ -140,27 +140,12 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
         assert b"mla_jit_decode_splitkv_smem_bytes" in binary.cubin or family_name == "mla_metadata"
 
 
-def _cuobjdump():
-    """cuobjdump and the environment it needs to find nvdisasm, or (None, None)."""
-    import os
-    try:
-        from cuda import pathfinder
-        tool = pathfinder.find_nvidia_binary_utility("cuobjdump")
-        disasm = pathfinder.find_nvidia_binary_utility("nvdisasm")
-    except Exception:
-        return None, None
-    if not tool or not disasm:
-        return None, None
-    return tool, {**os.environ, "PATH": f"{os.path.dirname(disasm)}{os.pathsep}{os.environ.get('PATH', '')}"}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("arch_name,rows", [("sm_80", 128), ("sm_80", 16), ("sm_86", 64), ("sm_89", 128),
                                             ("sm_80@sm_90a", 128)])
 def test_sm80_family_compiles_without_spills_with_hmma_and_cp_async(arch_name, rows, cache_root, monkeypatch,
                                                                       tmp_path):
     """tuning[@target]: sm_80@sm_90a is the family as the GPU tests run it on a Hopper GPU."""
-    import subprocess
 
     from mla_jit.configs.decode import sm80_decode_config
     from mla_jit.jit.arch import ArchPair, parse_arch
@@ -174,13 +159,7 @@ def test_sm80_family_compiles_without_spills_with_hmma_and_cp_async(arch_name, r
         report = binary.log.split(f"Function properties for {entry}")[1].splitlines()[1]
         assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
     # Shared memory is checked against the arch's per-block limit by a static_assert in the header.
-    tool, tool_env = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
-    cubin = tmp_path / "k.cubin"
-    cubin.write_bytes(binary.cubin)
-    sass = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True,
-                          env=tool_env).stdout
+    sass = sass_of(binary.cubin, tmp_path)
     assert "HMMA.16816" in sass and "LDGSTS" in sass
     assert "LDL" not in sass and "STL" not in sass
 
@@ -191,16 +170,9 @@ def test_ws_fences_the_previous_p_while_s_runs(d, page, cache_root, tmp_path):
     """WG0 fences P(n - 1)'s stores for the async proxy between issuing S(n) and waiting for it, so
     the fence's latency hides behind the wgmmas: ptxas must not move the waits above the fence."""
     import re
-    import subprocess
-    tool, tool_env = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     family = registry.get("mla_decode_sm90")
     binary = build(family.source(decode_config("bf16", d, 512, page, SM90.tuning, "ws"), SM90))
-    cubin = tmp_path / "k.cubin"
-    cubin.write_bytes(binary.cubin)
-    sass = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True,
-                          env=tool_env).stdout
+    sass = sass_of(binary.cubin, tmp_path)
     ops = re.findall(r"(HGMMA\.64x64x16\.F32\.BF16|WARPGROUP\.DEPBAR\.LE gsb0, 0x[01]|FENCE\.VIEW\.ASYNC\.S)", sass)
     # The tile loop: S's 64 x 64 wgmmas (two commit groups), the fence, the wait for the first
     # group (P(n - 1) is published after it), then the wait for the rest.
@@ -215,16 +187,9 @@ def test_clustered_ws_arrives_without_gpu_scope_fences(cache_root, tmp_path):
     on membar, H200). The unfused kernel has no other GPU-scope fence than the two cluster
     barriers (after barrier init, before exit)."""
     import re
-    import subprocess
-    tool, tool_env = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     family = registry.get("mla_decode_sm90")
     binary = build(family.source(decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused", 2), SM90))
-    cubin = tmp_path / "k.cubin"
-    cubin.write_bytes(binary.cubin)
-    sass = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True,
-                          env=tool_env).stdout
+    sass = sass_of(binary.cubin, tmp_path)
     splitkv = sass.split("Function : mla_jit_decode_splitkv")[1].split("Function :")[0]
     assert len(re.findall(r"MEMBAR\.ALL\.GPU", splitkv)) == 2, re.findall(r"MEMBAR[.\w]*", splitkv)
     assert "UTMALDG.3D.MULTICAST" in splitkv  # each tile chunk loaded once for the cluster
@@ -315,7 +280,6 @@ def test_decode_launch_geometry(tuning, override, rows, expect, monkeypatch):
     resident = []  # clusters the GPU keeps resident at once, as cuOccupancyMaxActiveClusters would say
     monkeypatch.setattr(runtime, "max_active_clusters", lambda kernel, grid, block, smem, cluster: resident[0])
     q = torch.zeros(3, 1, rows, 576, dtype=torch.bfloat16)
-    k_cache = torch.zeros(4, 64, 1, 576, dtype=torch.bfloat16)
     family_name, row_tiles, threads, want_box = expect
     # Sequences of at most one KV tile: one split per batch, so the sm90 "auto" schedule fuses the
     # combine into the split-KV kernel; long ones (many splits of 64 rows) get the combine kernel.

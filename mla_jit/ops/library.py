@@ -9,6 +9,7 @@ output shapes and dtypes only).
 """
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import torch
@@ -27,7 +28,7 @@ def define(name: str, schema: str, impl: Callable, fake: Callable, *, mutates: t
     tensors with a typed error) and the fake one. Arguments an op writes must be marked in the
     schema (`Tensor(a!) out`); `mutates` repeats their names so the registration checks them."""
     for arg in mutates:
-        if f"(a!) {arg}" not in schema and not any(f"({tag}!) {arg}" in schema for tag in "bcdefgh"):
+        if not re.search(rf"Tensor\(\w!\)\??\s+{re.escape(arg)}\b", schema):
             raise ValueError(f"{name}: mutated argument {arg!r} is not marked in the schema {schema}")
     _library.define(name + schema)
     for key in ("CUDA", "CPU"):
