@@ -48,7 +48,7 @@ def test_reference_treats_infinite_lse_as_empty():
     assert torch.allclose(out[0], torch.tensor([[2.0, 3.0]])) and abs(lse[0, 0] - torch.log(torch.tensor(2.0))) < 1e-6
     assert torch.equal(out[1], suffix[1]) and lse[0, 1] == 1.5
     assert torch.equal(out[2], prefix[2]) and lse[0, 2] == 2.0
-    assert torch.equal(out[3], torch.zeros(1, 2)) and lse[0, 3] == inf
+    assert torch.equal(out[3], torch.zeros(1, 2)) and lse[0, 3] == -inf
 
 
 @pytest.mark.parametrize("arch,dtype,head_dim", [("sm_90a", "bf16", 128), ("sm_80", "fp16", 512),
@@ -151,3 +151,40 @@ def test_torch_compile_traces_merges_without_graph_breaks(tmp_path):
     env = {**os.environ, "MLA_JIT_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", TRACE_MERGE], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr
+
+
+def test_token_count_changes_reuse_the_layouts_plan(stub_launch):
+    """Chunked prefill: a new token count every step, one layout; the plan (and its checks) is
+    per layout, a launch per power-of-two grid."""
+    from mla_jit.ops import merge as op
+    launched, built = stub_launch
+    for num_tokens in (5, 9, 5, 700, 9):
+        prefix, plse, suffix, slse = _cpu_states(num_tokens=num_tokens)
+        mla_jit.merge_attn_states(torch.empty_like(prefix), prefix, plse, suffix, slse, torch.empty_like(plse))
+    assert len(op._plans) == 1 and [b[1][0] for b in built] == [2, 4, 256]   # 20, 36 and 2800 rows, 16 a CTA
+    assert [p[18] for p in launched] == [5, 9, 5, 700, 9]
+    assert launched[3][12:14] == (700, 1)   # prefix_lse (h, T) strides follow the token count
+
+
+def test_aliasing_is_rejected_on_warm_calls_too(stub_launch):
+    prefix, plse, suffix, slse = _cpu_states()
+    out, out_lse = torch.empty_like(prefix), torch.empty_like(plse)
+    mla_jit.merge_attn_states(out, prefix, plse, suffix, slse, out_lse)   # warm this layout
+    olse_in_out = out.view(torch.float32).view(-1)[:20].view(4, 5)   # output_lse inside output's bytes
+    for args, match in (((prefix, prefix, plse, suffix, slse, out_lse), "prefix_output"),
+                        ((out, prefix, plse, suffix, slse, plse), "prefix_lse"),
+                        ((out, prefix, plse, suffix, slse, olse_in_out), "output")):
+        with pytest.raises(mla_jit.InvalidArgumentError, match=match):
+            mla_jit.merge_attn_states(*args)
+    # An output whose rows share memory (a stride-0 view) is refused before any launch.
+    shared = torch.empty(1, 4, 128).to(torch.bfloat16).expand(5, 4, 128)
+    with pytest.raises(mla_jit.InvalidArgumentError, match="internal overlap"):
+        mla_jit.merge_attn_states(shared, prefix, plse, suffix, slse)
+    assert len(stub_launch[0]) == 1
+
+
+def test_newer_vllm_keywords_say_not_available(stub_launch):
+    prefix, plse, suffix, slse = _cpu_states()
+    for kwargs in ({"prefill_tokens_with_context": 3}, {"output_scale": torch.ones(1)}):
+        with pytest.raises(mla_jit.FeatureNotAvailableError, match=next(iter(kwargs))):
+            mla_jit.merge_attn_states(torch.empty_like(prefix), prefix, plse, suffix, slse, **kwargs)

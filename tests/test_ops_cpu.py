@@ -261,3 +261,17 @@ def test_lazy_schedule_is_filled_once_and_checked_for_consistency(stub_gpu):
     fresh, _ = mla_jit.get_mla_metadata()
     with pytest.raises(mla_jit.InvalidArgumentError, match="k_cache"):
         mla_jit.flash_mla_with_kvcache(**{**base, "tile_scheduler_metadata": fresh, "k_cache": k_cache[0]})
+
+
+def test_a_renamed_copy_of_the_package_registers_its_own_namespace(tmp_path):
+    """bench_decode.py --against-package imports a previous commit's package beside this one: each
+    registers its ops under its own name, so the two never collide."""
+    import shutil
+    shutil.copytree(REPO / "mla_jit", tmp_path / "mla_jit_copy", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import torch, mla_jit, mla_jit_copy; mla_jit.flash_mla_with_kvcache; mla_jit_copy.flash_mla_with_kvcache; "
+            "print(torch.ops.mla_jit.flash_mla_with_kvcache.default._schema.name, "
+            "torch.ops.mla_jit_copy.flash_mla_with_kvcache.default._schema.name)")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["mla_jit::flash_mla_with_kvcache", "mla_jit_copy::flash_mla_with_kvcache"]

@@ -70,7 +70,7 @@ def get_mla_metadata(*args, **kwargs):
     """
     if len(args) == 3 and not kwargs:  # the engines' call: straight to the fast path
         if library.compiling():
-            return torch.ops.mla_jit.get_mla_metadata(*args)
+            return _metadata_op(*args)
         return _metadata_eager(*args)
     if not args and not kwargs:
         return FlashMLASchedMeta(), None
@@ -85,7 +85,7 @@ def _metadata_tensors(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
     if topk is not None:
         raise FeatureNotAvailableError("topk", "sparse attention")
     if library.compiling():
-        return torch.ops.mla_jit.get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
+        return _metadata_op(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
     return _metadata_eager(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
 
 
@@ -102,6 +102,8 @@ def _metadata_eager(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
         plan = runtime.MetadataPlan(cache_seqlens.get_device(), cache_seqlens.shape[0], num_q_tokens_per_head_k,
                                     num_heads_k)
         if signature is not None:
+            if len(runtime.metadata_plans) >= runtime.MAX_PLANS:
+                runtime.metadata_plans.clear()
             runtime.metadata_plans[signature] = plan
     return plan.run(cache_seqlens)
 
@@ -122,7 +124,7 @@ def _metadata_fake(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
             cache_seqlens.new_empty((cache_seqlens.shape[0] + 1,)))
 
 
-library.define("get_mla_metadata", "(Tensor cache_seqlens, int num_q_tokens_per_head_k, int num_heads_k) "
+_metadata_op = library.define("get_mla_metadata", "(Tensor cache_seqlens, int num_q_tokens_per_head_k, int num_heads_k) "
                "-> (Tensor, Tensor)", _metadata_eager, _metadata_fake)
 
 
@@ -152,9 +154,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         tile_scheduler_metadata, num_splits = _schedule_of(tile_scheduler_metadata, num_splits, q, k_cache,
                                                            cache_seqlens, causal)
     if library.compiling():
-        return torch.ops.mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
-                                                        tile_scheduler_metadata, num_splits, softmax_scale,
-                                                        causal)
+        return _decode_op(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+                          softmax_scale, causal)
     return _decode_eager(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
                          softmax_scale, causal)
 
@@ -193,8 +194,9 @@ def _schedule_of(sched: FlashMLASchedMeta, num_splits, q, k_cache, cache_seqlens
                          False, None, None, None)
     if sched.tile_scheduler_metadata is None:
         h_kv = k_cache.shape[2]
-        if h_kv < 1 or q.shape[2] % h_kv:
-            raise InvalidArgumentError("k_cache", f"h_kv (dim 2) dividing h_q={q.shape[2]}", str(h_kv))
+        if not 1 <= h_kv <= _MAX_H_KV or q.shape[2] % h_kv:
+            raise InvalidArgumentError("k_cache", f"h_kv (dim 2) in [1, {_MAX_H_KV}] dividing h_q={q.shape[2]}",
+                                       str(h_kv))
         metadata, splits = _metadata_tensors(cache_seqlens, q.shape[1] * q.shape[2] // h_kv, h_kv)
         sched.tile_scheduler_metadata, sched.num_splits = metadata, splits
         sched.config, sched.have_initialized, sched._checked = config, True, shapes
@@ -236,6 +238,8 @@ def _decode_eager(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_sched
         if q.shape[0] == 0:
             return (q.new_empty((0, *q.shape[1:3], head_dim_v)),
                     q.new_empty((0, q.shape[2], q.shape[1]), dtype=torch.float32))
+        if len(runtime.decode_plans) >= runtime.MAX_PLANS:  # ever-new shapes: keep the memo bounded
+            runtime.decode_plans.clear()
         plan = runtime.decode_plans[signature] = runtime.DecodePlan(q, k_cache, block_table, head_dim_v,
                                                                     tile_scheduler_metadata.shape[0])
     q_ptr, k_ptr = q.data_ptr(), k_cache.data_ptr()
@@ -257,7 +261,7 @@ def _decode_fake(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_schedu
     return q.new_empty((b, s_q, h_q, head_dim_v)), q.new_empty((b, h_q, s_q), dtype=torch.float32)
 
 
-library.define("flash_mla_with_kvcache",
+_decode_op = library.define("flash_mla_with_kvcache",
                "(Tensor q, Tensor k_cache, Tensor block_table, Tensor cache_seqlens, int head_dim_v, "
                "Tensor tile_scheduler_metadata, Tensor num_splits, float? softmax_scale=None, bool causal=False) "
                "-> (Tensor, Tensor)", _decode_eager, _decode_fake)

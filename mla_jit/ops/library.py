@@ -14,7 +14,9 @@ from typing import Callable
 
 import torch
 
-NAMESPACE = "mla_jit"
+# The package's own name: "mla_jit", or another where a copy of the package is imported beside it
+# (bench/bench_decode.py --against-package), so the two never register the same operator.
+NAMESPACE = __package__.split(".")[0]
 _library = torch.library.Library(NAMESPACE, "FRAGMENT")
 _defined: dict[str, str] = {}   # op name -> schema
 
@@ -22,8 +24,9 @@ _defined: dict[str, str] = {}   # op name -> schema
 compiling: Callable[[], bool] = torch.compiler.is_compiling
 
 
-def define(name: str, schema: str, impl: Callable, fake: Callable, *, mutates: tuple[str, ...] = ()) -> None:
+def define(name: str, schema: str, impl: Callable, fake: Callable, *, mutates: tuple[str, ...] = ()):
     """Register `mla_jit::name` with `schema` (the part after the name, e.g. "(Tensor x) -> Tensor"),
+    and return the op (`torch.ops.mla_jit.name`).
     the real implementation for CUDA (and CPU, where the implementation's own checks reject the
     tensors with a typed error) and the fake one. Arguments an op writes must be marked in the
     schema (`Tensor(a!) out`); `mutates` repeats their names so the registration checks them."""
@@ -35,6 +38,7 @@ def define(name: str, schema: str, impl: Callable, fake: Callable, *, mutates: t
         _library.impl(name, impl, key)
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_library)
     _defined[name] = schema
+    return getattr(getattr(torch.ops, NAMESPACE), name)   # the op, for the compile path to call
 
 
 def defined() -> dict[str, str]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..configs.merge import MERGE_HEAD_DIMS, merge_config, merge_grid
+from ..configs.merge import MERGE_HEAD_DIMS, MERGE_MAX_CTAS, merge_config, merge_grid
 from ..dtypes import name_of
-from ..errors import InvalidArgumentError
+from ..errors import FeatureNotAvailableError, InvalidArgumentError
 from ..jit.arch import resolve_for_device
 from ..jit.launch import Blob
 from ..jit.stream import current_stream
@@ -16,30 +16,63 @@ from ..runtimes.merge import MERGE_PARAMS
 from . import library, validate
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_plans: dict[tuple, object] = {}   # call signature -> PreparedLaunch
+_MAX_PLANS = 1024
+_plans: dict[tuple, "_MergePlan"] = {}   # layout signature (no token count) -> plan
 
 
 def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_lse: torch.Tensor,
-                      suffix_output: torch.Tensor, suffix_lse: torch.Tensor,
-                      output_lse: torch.Tensor | None = None) -> None:
+                      suffix_output: torch.Tensor, suffix_lse: torch.Tensor, output_lse: torch.Tensor | None = None,
+                      prefill_tokens_with_context: int | None = None, output_scale: torch.Tensor | None = None) -> None:
     """output = the log-sum-exp merge of (prefix_output, prefix_lse) and (suffix_output, suffix_lse).
 
     Outputs (T, h, d) bf16/fp16/fp32 (one dtype for all three), any token and head strides with a
-    contiguous last dim, rows 16-byte aligned; d in {64, 128, 256, 512}. lse float32 (h, T) (FlashAttention's
-    layout), any strides. An lse of +inf or -inf marks an empty state; two empty states give 0 and
-    an output_lse of +inf. Writes `output` (and `output_lse` if given) in place."""
+    contiguous last dim, rows 16-byte aligned; d in {64, 128, 256, 512}. lse float32 (h, T)
+    (FlashAttention's layout), any strides. An lse of +inf or -inf marks an empty state, whose
+    values are never read into the result; two empty states give 0 and an output_lse of -inf (as
+    vLLM's). Writes `output` (and `output_lse` if given) in place; they may not overlap the inputs
+    or each other. vLLM's newer `prefill_tokens_with_context` and `output_scale` are not served yet."""
+    if prefill_tokens_with_context is not None:
+        raise FeatureNotAvailableError("prefill_tokens_with_context", "merging only the tokens that have a context")
+    if output_scale is not None:
+        raise FeatureNotAvailableError("output_scale", "an FP8-quantized merge output")
     if library.compiling():
-        torch.ops.mla_jit.merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
+        _merge_op(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
     else:
         _merge_eager(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
 
 
+class _MergePlan:
+    """What a layout needs beyond its token count: the config and the launches by grid size."""
+
+    __slots__ = ("cfg", "arch", "device_index", "vec", "num_heads", "launches")
+
+    def __init__(self, output: torch.Tensor):
+        self.device_index = output.get_device()
+        self.arch = resolve_for_device(self.device_index)
+        self.cfg = merge_config(name_of(output.dtype), output.shape[2], self.arch.tuning)
+        self.vec = 16 // output.element_size()
+        self.num_heads = output.shape[1]
+        self.launches: dict[int, object] = {}
+
+    def launch(self, num_tokens: int):
+        grid = merge_grid(num_tokens * self.num_heads, self.cfg.rows_per_cta)
+        launch = self.launches.get(grid)
+        if launch is None:
+            family = registry.get("merge_states")
+            launch = self.launches[grid] = family.launcher(self.cfg, self.arch, family.ENTRY, self.device_index,
+                                                           (Blob(MERGE_PARAMS.size),), (grid, 1, 1),
+                                                           (self.cfg.num_threads, 1, 1))
+        return launch
+
+
 def _signature(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse) -> tuple:
-    sig = (plan_env(),)
-    for t in (output, prefix_output, prefix_lse, suffix_output, suffix_lse):
-        sig += (t.shape, t.stride(), t.dtype, t.get_device())
-    if output_lse is not None:
-        sig += (output_lse.shape, output_lse.stride(), output_lse.dtype, output_lse.get_device())
+    """Everything the layout checks look at except the token count (it changes every chunked-prefill
+    step) and data pointers: the lse head strides are left out too (they follow the token count)."""
+    sig = (plan_env(), output_lse is None)
+    for t in (output, prefix_output, suffix_output):
+        sig += (t.shape[1:], t.stride(), t.dtype, t.get_device())
+    for t in (prefix_lse, suffix_lse) if output_lse is None else (prefix_lse, suffix_lse, output_lse):
+        sig += (t.shape[0], t.stride(1), t.dtype, t.get_device(), t.dim())
     return sig
 
 
@@ -47,81 +80,90 @@ def _merge_eager(output, prefix_output, prefix_lse, suffix_output, suffix_lse, o
     # (The default repeats the schema's: the dispatcher passes only the arguments given.)
     try:
         signature = _signature(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
-        launch = _plans.get(signature)
-    except (AttributeError, TypeError):  # a non-tensor argument: the full checks name it
-        launch = signature = None
-    if launch is None:
-        _check_args(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
-        if output.shape[0] * output.shape[1] == 0:
-            return
-        launch = _launch_for(output)
+        plan = _plans.get(signature)
+    except (AttributeError, TypeError, IndexError):  # not tensors, or too few dims: the full checks name it
+        plan = signature = None
+    if plan is None:
+        _check_layout(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
+        plan = _MergePlan(output)
         if signature is not None:
-            _plans[signature] = launch
-    pointers = (output.data_ptr(), prefix_output.data_ptr(), suffix_output.data_ptr())
-    if (pointers[0] | pointers[1] | pointers[2]) % 16:
-        raise InvalidArgumentError("output/prefix_output/suffix_output", "16-byte aligned data pointers",
-                                   ", ".join(hex(p) for p in pointers))
-    out_lse_ptr, olse_strides = (0, (0, 0)) if output_lse is None else (output_lse.data_ptr(), output_lse.stride())
+            if len(_plans) >= _MAX_PLANS:  # callers with ever-new layouts: keep the memo bounded
+                _plans.clear()
+            _plans[signature] = plan
+    num_tokens = output.shape[0]
+    _check_call(num_tokens, plan, output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
+    if num_tokens == 0 or plan.num_heads == 0:
+        return
+    olse_ptr, olse_strides = (0, (0, 0)) if output_lse is None else (output_lse.data_ptr(), output_lse.stride())
+    out_stride, pre_stride, suf_stride = output.stride(), prefix_output.stride(), suffix_output.stride()
     params = MERGE_PARAMS.pack(
-        pointers[0], pointers[1], pointers[2], out_lse_ptr, prefix_lse.data_ptr(), suffix_lse.data_ptr(),
-        *output.stride()[:2], *prefix_output.stride()[:2], *suffix_output.stride()[:2], *prefix_lse.stride(),
-        *suffix_lse.stride(), *olse_strides, output.shape[0], output.shape[1])
-    launch(current_stream(output.get_device()), params)
+        output.data_ptr(), prefix_output.data_ptr(), suffix_output.data_ptr(), olse_ptr, prefix_lse.data_ptr(),
+        suffix_lse.data_ptr(), out_stride[0], out_stride[1], pre_stride[0], pre_stride[1], suf_stride[0],
+        suf_stride[1], *prefix_lse.stride(), *suffix_lse.stride(), *olse_strides, num_tokens, plan.num_heads)
+    plan.launch(num_tokens)(current_stream(plan.device_index), params)
 
 
-def _launch_for(output: torch.Tensor):
-    device = output.get_device()
-    arch = resolve_for_device(device)
-    family = registry.get("merge_states")
-    cfg = merge_config(name_of(output.dtype), output.shape[2], arch.tuning)
-    grid = merge_grid(output.shape[0] * output.shape[1], cfg.rows_per_cta)
-    return family.launcher(cfg, arch, family.ENTRY, device, (Blob(MERGE_PARAMS.size),), (grid, 1, 1),
-                           (cfg.num_threads, 1, 1))
+def _check_call(num_tokens, plan, output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse) -> None:
+    """Per call: the token count agrees, rows stay 16-byte aligned, and outputs and inputs do not overlap."""
+    if num_tokens * plan.num_heads + MERGE_MAX_CTAS * plan.cfg.rows_per_cta >= 2 ** 31:
+        raise InvalidArgumentError("output", "tokens x heads < 2^31 - 2^16", f"shape {tuple(output.shape)}")
+    lses = (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse), ("output_lse", output_lse))
+    for name, t in (("prefix_output", prefix_output), ("suffix_output", suffix_output)):
+        if t.shape[0] != num_tokens:
+            raise InvalidArgumentError(name, f"{num_tokens} tokens (output's)", f"shape {tuple(t.shape)}")
+    for name, t in lses:
+        if t is not None and t.shape[1] != num_tokens:
+            raise InvalidArgumentError(name, f"shape ({plan.num_heads}, {num_tokens})", f"shape {tuple(t.shape)}")
+    spans = {name: _span(t) for name, t in (("output", output), ("prefix_output", prefix_output),
+                                            ("suffix_output", suffix_output), *lses) if t is not None}
+    for name in ("output", "prefix_output", "suffix_output"):
+        if spans[name][0] % 16:
+            raise InvalidArgumentError(name, "a 16-byte aligned data pointer", hex(spans[name][0]))
+    for written in ("output", "output_lse"):
+        for other, (lo, hi) in spans.items():
+            if written in spans and other != written and lo < spans[written][1] and spans[written][0] < hi:
+                raise InvalidArgumentError(other, f"memory apart from {written}", "an overlapping view")
 
 
-def _check_args(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse) -> None:
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first byte, one past the last byte] of what a tensor addresses (empty: a zero-length span)."""
+    start = t.data_ptr()
+    if t.numel() == 0:
+        return start, start
+    return start, start + t.element_size() * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))
+
+
+def _check_layout(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse) -> None:
+    """First call of a layout: everything but the token count and the data pointers."""
     validate.tensor("output", output, dtypes=_DTYPES, ndim=3, last_dim_contiguous=True)
     device = output.device
-    num_tokens, num_heads, head_dim = output.shape
-    if num_tokens * num_heads >= 2 ** 31:
-        raise InvalidArgumentError("output", "tokens x heads < 2^31", f"shape {tuple(output.shape)}")
+    _, num_heads, head_dim = output.shape
     if head_dim not in MERGE_HEAD_DIMS:
         raise InvalidArgumentError("output", f"head dim (dim 2) in {MERGE_HEAD_DIMS}", str(head_dim))
     vec = 16 // output.element_size()
     for name, t in (("output", output), ("prefix_output", prefix_output), ("suffix_output", suffix_output)):
         if t is not output:
             validate.tensor(name, t, dtypes=(output.dtype,), ndim=3, device=device, last_dim_contiguous=True)
-            validate.shape(name, t, tuple(output.shape))
-        if t.stride(0) % vec or t.stride(1) % vec or t.data_ptr() % 16:
-            raise InvalidArgumentError(name, f"16-byte aligned rows (a 16-byte aligned base, token and head strides "
-                                       f"multiples of {vec} elements)", f"strides {t.stride()}")
+            validate.shape(name, t, (None, num_heads, head_dim))
+        if t.stride(0) % vec or t.stride(1) % vec:
+            raise InvalidArgumentError(name, f"16-byte aligned rows (token and head strides multiples of {vec} "
+                                       "elements)", f"strides {t.stride()}")
     for name, t in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse), ("output_lse", output_lse)):
         if t is None and name == "output_lse":
             continue
         validate.tensor(name, t, dtypes=(torch.float32,), ndim=2, device=device)
-        validate.shape(name, t, (num_heads, num_tokens))
-    for name, t in (("prefix_output", prefix_output), ("suffix_output", suffix_output),
-                    ("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse)):
-        if _overlaps(t, output) or (output_lse is not None and _overlaps(t, output_lse)):
-            raise InvalidArgumentError(name, "memory apart from output and output_lse", "an overlapping view")
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the address ranges two tensors span intersect (a conservative check)."""
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    def span(t):
-        start = t.data_ptr()
-        return start, start + t.element_size() * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
+        validate.shape(name, t, (num_heads, None))
+    for name, t in (("output", output), ("output_lse", output_lse)):
+        # Two rows written through one address (a stride-0 view): the result would depend on timing.
+        if t is not None and torch._debug_has_internal_overlap(t) == 1:  # 2 ("too hard to tell") passes
+            raise InvalidArgumentError(name, "a tensor without internal overlap", f"strides {t.stride()}")
 
 
 def _merge_fake(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None) -> None:
     return None
 
 
-library.define("merge_attn_states",
-               "(Tensor(a!) output, Tensor prefix_output, Tensor prefix_lse, Tensor suffix_output, "
-               "Tensor suffix_lse, Tensor(b!)? output_lse=None) -> ()",
-               _merge_eager, _merge_fake, mutates=("output", "output_lse"))
+_merge_op = library.define(
+    "merge_attn_states",
+    "(Tensor(a!) output, Tensor prefix_output, Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse, "
+    "Tensor(b!)? output_lse=None) -> ()", _merge_eager, _merge_fake, mutates=("output", "output_lse"))

@@ -66,7 +66,7 @@ def tile_copy(src: torch.Tensor, addend: float = 0.0, out: torch.Tensor | None =
     if out is None:
         out = torch.empty_like(src) if isinstance(src, torch.Tensor) else None
     if library.compiling():
-        torch.ops.mla_jit.tile_copy_out(src, float(addend), out, pdl)
+        _tile_copy_out_op(src, float(addend), out, pdl)
     else:
         _tile_copy_out(src, float(addend), out, pdl)
     return out
@@ -83,7 +83,7 @@ def _tile_copy_out_fake(src: torch.Tensor, addend: float, out: torch.Tensor, pdl
     return None
 
 
-library.define("tile_copy_out", "(Tensor src, float addend, Tensor(a!) out, bool pdl=False) -> ()",
+_tile_copy_out_op = library.define("tile_copy_out", "(Tensor src, float addend, Tensor(a!) out, bool pdl=False) -> ()",
                _tile_copy_out, _tile_copy_out_fake, mutates=("out",))
 
 

@@ -33,7 +33,10 @@ _LOG2E = 1.4426950408889634
 # value (set at run time) gets another plan.
 plan_env = env.raw_reader("MLA_JIT_ARCH", SCHEDULE_ENV.name, CLUSTER_ENV.name)
 
-# Plan memos: call signature -> plan. Filled by the ops after validation; `reset()` empties them.
+# Plan memos: call signature -> plan. Filled by the ops after validation (emptied when they reach
+# MAX_PLANS: a caller whose batch or block-table width changes every step must not grow them
+# forever); `reset()` empties them.
+MAX_PLANS = 4096
 metadata_plans: dict[tuple, "MetadataPlan"] = {}
 decode_plans: dict[tuple, "DecodePlan"] = {}
 _descriptors: dict[tuple, tma.TmaDescriptor] = {}

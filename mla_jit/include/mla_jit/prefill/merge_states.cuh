@@ -3,7 +3,8 @@
 //   out = (prefix * e^(lse_p - m) + suffix * e^(lse_s - m)) / (e^(lse_p - m) + e^(lse_s - m)),
 //   out_lse = m + log(e^(lse_p - m) + e^(lse_s - m)),   m = max(lse_p, lse_s),
 // where an lse of +inf or -inf marks an empty state (a row that saw no key) with weight 0. Both
-// empty: out = 0, out_lse = +inf (the "no key" convention of the attention kernels).
+// empty: out = 0 and out_lse = -inf, as vLLM's kernel gives (it copies the prefix output, which
+// is zeros for such rows; zeros here, since an empty state's values may be anything).
 //
 // Memory-bound: each thread moves 16 bytes of a row per input; a row's threads are consecutive
 // lanes, so a warp reads whole rows. The grid is a power of two (few distinct launches) and
@@ -46,7 +47,7 @@ struct MergeWeights {
 
 __device__ __forceinline__ MergeWeights merge_weights(float lse_p, float lse_s) {
   const bool empty_p = isinf(lse_p), empty_s = isinf(lse_s);
-  if (empty_p && empty_s) return {0.f, 0.f, kInf};
+  if (empty_p && empty_s) return {0.f, 0.f, -kInf};
   const float m = empty_p ? lse_s : empty_s ? lse_p : fmaxf(lse_p, lse_s);
   const float wp = empty_p ? 0.f : __expf(lse_p - m);
   const float ws = empty_s ? 0.f : __expf(lse_s - m);
