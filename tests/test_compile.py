@@ -1,4 +1,9 @@
 """GPU-free: compile-only of the toy TMA kernel and the CuTe/WGMMA kernel with both compilers."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import mla_jit
@@ -38,3 +43,16 @@ def test_compile_error_carries_log_and_source_path(compiler_env, cache_root):
     assert "error" in err.log
     assert err.source_path is not None and err.source_path.read_text() == src.source
     assert str(err.source_path) in str(err)
+
+
+def test_nvrtc_leaves_shared_bytes_objects_alone(cache_root):
+    """An empty NVRTC log has size 1; reading it into `b" " * 1` (CPython's shared one-byte object)
+    once turned every later b" " into b"\\x00" (print's separators became NULs in child processes)."""
+    code = ("from tests.helpers import toy_source; from mla_jit.jit.build import build; build(toy_source()); "
+            "print('a', 'b'); import sys; sys.stdout.flush(); assert b' ' == bytes([32]), b' '")
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=repo,
+                          env={**os.environ, "MLA_JIT_CACHE_DIR": str(cache_root), "MLA_JIT_PTXAS_VERBOSE": "0",
+                               "MLA_JIT_COMPILER": "nvrtc", "PYTHONPATH": str(repo)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"a b\n", proc.stdout

@@ -96,14 +96,18 @@ class NvrtcCompiler(Compiler):
             opts = [o.encode() for o in options]
             (status,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
             log_size = self._check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-            log_buf = b" " * log_size
+            # Output buffers are bytearrays: NVRTC writes into them, and `b" " * 1` would be CPython's
+            # shared one-byte object (an empty log has size 1), which every later b" " would then see
+            # as b"\x00" (print's separators turned into NULs).
+            log_buf = bytearray(log_size)
             self._check((nvrtc.nvrtcGetProgramLog(prog, log_buf)[0], None), "nvrtcGetProgramLog")
-            log = log_buf.rstrip(b"\x00 ").decode(errors="replace")
+            log = bytes(log_buf).rstrip(b"\x00 ").decode(errors="replace")
             if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
                 raise CompileError(name, "nvrtc", log, source_path, command)
             size = self._check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-            cubin = b" " * size
-            self._check((nvrtc.nvrtcGetCUBIN(prog, cubin)[0], None), "nvrtcGetCUBIN")
+            cubin_buf = bytearray(size)
+            self._check((nvrtc.nvrtcGetCUBIN(prog, cubin_buf)[0], None), "nvrtcGetCUBIN")
+            cubin = bytes(cubin_buf)
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
         return CompileResult(cubin, log, command, time.perf_counter() - start)
