@@ -73,9 +73,11 @@ def stub_launch(monkeypatch):
     """CPU tensors pass the CUDA checks; the family's launcher returns a recorder of the packed params."""
     from mla_jit.jit.arch import ArchPair, parse_arch
     from mla_jit.ops import merge as op
+    from mla_jit.runtimes import merge_plan
     monkeypatch.setattr(validate, "on_gpu", lambda tensor: True)
-    monkeypatch.setattr(op, "_plans", {})
-    monkeypatch.setattr(op, "resolve_for_device", lambda device: ArchPair(parse_arch("sm_90a"), parse_arch("sm_90a")))
+    monkeypatch.setattr(merge_plan, "plans", {})
+    monkeypatch.setattr(merge_plan, "resolve_for_device",
+                        lambda device: ArchPair(parse_arch("sm_90a"), parse_arch("sm_90a")))
     monkeypatch.setattr(op, "current_stream", lambda device: 7)
     launched, built = [], []
 
@@ -156,12 +158,12 @@ def test_torch_compile_traces_merges_without_graph_breaks(tmp_path):
 def test_token_count_changes_reuse_the_layouts_plan(stub_launch):
     """Chunked prefill: a new token count every step, one layout; the plan (and its checks) is
     per layout, a launch per power-of-two grid."""
-    from mla_jit.ops import merge as op
+    from mla_jit.runtimes import merge_plan
     launched, built = stub_launch
     for num_tokens in (5, 9, 5, 700, 9):
         prefix, plse, suffix, slse = _cpu_states(num_tokens=num_tokens)
         mla_jit.merge_attn_states(torch.empty_like(prefix), prefix, plse, suffix, slse, torch.empty_like(plse))
-    assert len(op._plans) == 1 and [b[1][0] for b in built] == [2, 4, 256]   # 20, 36 and 2800 rows, 16 a CTA
+    assert len(merge_plan.plans) == 1 and [b[1][0] for b in built] == [2, 4, 256]   # 20, 36 and 2800 rows, 16 a CTA
     assert [p[18] for p in launched] == [5, 9, 5, 700, 9]
     assert launched[3][12:14] == (700, 1)   # prefix_lse (h, T) strides follow the token count
 

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from ..configs.merge import MERGE_HEAD_DIMS, MERGE_MAX_CTAS, merge_config, merge_grid
-from ..dtypes import name_of
+from ..configs.merge import MERGE_HEAD_DIMS, MERGE_MAX_CTAS
 from ..errors import FeatureNotAvailableError, InvalidArgumentError
-from ..jit.arch import resolve_for_device
-from ..jit.launch import Blob
 from ..jit.stream import current_stream
-from ..runtimes import registry
-from ..runtimes.decode_plan import plan_env
+from ..runtimes import merge_plan as runtime
 from ..runtimes.merge import MERGE_PARAMS
 from . import library, validate
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_MAX_PLANS = 1024
-_plans: dict[tuple, "_MergePlan"] = {}   # layout signature (no token count) -> plan
 
 
 def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_lse: torch.Tensor,
@@ -41,34 +35,10 @@ def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_
         _merge_eager(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
 
 
-class _MergePlan:
-    """What a layout needs beyond its token count: the config and the launches by grid size."""
-
-    __slots__ = ("cfg", "arch", "device_index", "vec", "num_heads", "launches")
-
-    def __init__(self, output: torch.Tensor):
-        self.device_index = output.get_device()
-        self.arch = resolve_for_device(self.device_index)
-        self.cfg = merge_config(name_of(output.dtype), output.shape[2], self.arch.tuning)
-        self.vec = 16 // output.element_size()
-        self.num_heads = output.shape[1]
-        self.launches: dict[int, object] = {}
-
-    def launch(self, num_tokens: int):
-        grid = merge_grid(num_tokens * self.num_heads, self.cfg.rows_per_cta)
-        launch = self.launches.get(grid)
-        if launch is None:
-            family = registry.get("merge_states")
-            launch = self.launches[grid] = family.launcher(self.cfg, self.arch, family.ENTRY, self.device_index,
-                                                           (Blob(MERGE_PARAMS.size),), (grid, 1, 1),
-                                                           (self.cfg.num_threads, 1, 1))
-        return launch
-
-
 def _signature(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse) -> tuple:
     """Everything the layout checks look at except the token count (it changes every chunked-prefill
     step) and data pointers: the lse head strides are left out too (they follow the token count)."""
-    sig = (plan_env(), output_lse is None)
+    sig = (runtime.plan_env(), output_lse is None)
     for t in (output, prefix_output, suffix_output):
         sig += (t.shape[1:], t.stride(), t.dtype, t.get_device())
     for t in (prefix_lse, suffix_lse) if output_lse is None else (prefix_lse, suffix_lse, output_lse):
@@ -80,16 +50,16 @@ def _merge_eager(output, prefix_output, prefix_lse, suffix_output, suffix_lse, o
     # (The default repeats the schema's: the dispatcher passes only the arguments given.)
     try:
         signature = _signature(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
-        plan = _plans.get(signature)
+        plan = runtime.plans.get(signature)
     except (AttributeError, TypeError, IndexError):  # not tensors, or too few dims: the full checks name it
         plan = signature = None
     if plan is None:
         _check_layout(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
-        plan = _MergePlan(output)
+        plan = runtime.MergePlan(output)
         if signature is not None:
-            if len(_plans) >= _MAX_PLANS:  # callers with ever-new layouts: keep the memo bounded
-                _plans.clear()
-            _plans[signature] = plan
+            if len(runtime.plans) >= runtime.MAX_PLANS:  # callers with ever-new layouts: keep the memo bounded
+                runtime.plans.clear()
+            runtime.plans[signature] = plan
     num_tokens = output.shape[0]
     _check_call(num_tokens, plan, output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
     if num_tokens == 0 or plan.num_heads == 0:
