@@ -28,6 +28,7 @@ import importlib
 import torch
 
 import mla_jit
+from timing import time_interleaved  # noqa: E402  (bench/ is sys.path[0])
 
 COPY_GBPS = 4273.0      # H200 copy bandwidth (read + write), measured with the anchors
 MATMUL_TFLOPS = 790.0   # H200 bf16 matmul, measured with the anchors
@@ -57,27 +58,6 @@ def make_inputs(b, s_q, s_k, h_q, seed=0):
     for chunk in k_cache.split(4096):  # fill in chunks: no fp32 copy of the whole cache
         chunk.copy_((torch.randn(chunk.shape, device="cuda") * 0.1).clamp_(-1, 1))
     return q, k_cache, block_table, lens.cuda()
-
-
-def time_interleaved(variants, flush: torch.Tensor, iters: int = 20) -> list[float]:
-    """Median us of each (setup, call) variant, the variants alternating call by call; `setup`
-    (e.g. an env var switch) runs outside the timed window, the L2 is flushed before each call."""
-    for setup, fn in variants:
-        setup()
-        for _ in range(3):
-            fn()
-    times = [[] for _ in variants]
-    for _ in range(iters):
-        for k, (setup, fn) in enumerate(variants):
-            setup()
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times[k].append(start.elapsed_time(end) * 1e3)
-    return [statistics.median(t) for t in times]
 
 
 def _env_setter(values: dict[str, str | None]):

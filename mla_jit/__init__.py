@@ -20,10 +20,11 @@ _OPS = {
     "flash_mla_with_kvcache": ".ops.decode",
     "FlashMLASchedMeta": ".ops.decode",
     "merge_attn_states": ".ops.merge",
+    "flash_attn_varlen_func": ".ops.prefill",
     "release_workspaces": ".runtimes.workspace",
 }
 # The public ops that are torch custom ops (torch.ops.mla_jit.<name>), each with a fake implementation.
-TORCH_OPS = ("get_mla_metadata", "flash_mla_with_kvcache", "merge_attn_states")
+TORCH_OPS = ("get_mla_metadata", "flash_mla_with_kvcache", "merge_attn_states", "flash_attn_varlen_func")
 
 __all__ = [
     *_OPS,

@@ -12,6 +12,8 @@ class Preset:
     head_dim: int         # d of q and k (latent + rope)
     head_dim_v: int
     page_size: int = 64
+    prefill_head_dim: int = 192     # MHA-mode prefill: q/k = nope 128 + rope 64
+    prefill_head_dim_v: int = 128
 
 
 def _deepseek_v3(tp: int) -> Preset:

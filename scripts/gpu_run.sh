@@ -14,6 +14,7 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 # Compile the decode kernels the tests use in parallel first (the tests then load them from disk).
+if [ -z "${SKIP_DECODE_PREWARM:-}" ]; then
 configs=()
 for schedule in ws ws_unfused; do
   for cluster in 1 2; do
@@ -34,6 +35,18 @@ fi
 # The Ampere/Ada family, as the tests force it on this GPU (tuning@target).
 python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache --arch sm_80@sm_90a --arch sm_89@sm_90a \
   2>&1 | tail -n 1
+fi
+# Prefill (every head-dim pair the tests use) and merge kernels.
+configs=()
+for dims in 192,128,2 128,128,3 64,64,3; do
+  IFS=, read -r d dv stages <<<"$dims"
+  for dtype in bf16 fp16; do
+    for causal in true false; do
+      configs+=(--config "prefill_sm90:dtype=$dtype,head_dim=$d,head_dim_v=$dv,causal=$causal,num_stages=$stages")
+    done
+  done
+done
+python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op merge_attn_states "${configs[@]}" 2>&1 | tail -n 2
 status=0
 if [ -z "${SKIP_MAIN_TESTS:-}" ]; then
   # A protocol bug in a kernel shows up as a hang, which no in-process timeout can interrupt.
@@ -63,6 +76,9 @@ if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
   for arch in ${BENCH_ARCHS:-}; do  # e.g. BENCH_ARCHS="sm_80 sm_89": the Ampere/Ada family on this GPU
     python3 bench/bench_decode.py --arch "$arch" --json "$OUT/bench_decode_$arch.json" 2>&1 | tail -n 26
   done
+fi
+if [ -z "${SKIP_PREFILL_BENCH:-}" ]; then
+  python3 bench/bench_prefill.py --json "$OUT/bench_prefill.json" 2>&1 | tee "$OUT/bench_prefill.log" | tail -n 12
 fi
 for case in ${TRACE_CASES:-}; do  # e.g. TRACE_CASES="32,1,4096,16 128,1,4096,16": per-CTA timelines
   PYTHONPATH=$PWD/bench:$PYTHONPATH python3 bench/trace_decode.py ${case//,/ } ${TRACE_ARGS:-} \

@@ -17,7 +17,7 @@ from mla_jit.runtimes import decode_plan as runtime
 REPO = Path(__file__).resolve().parent.parent
 
 
-WRITTEN_ARGUMENTS = {"merge_attn_states": {"output", "output_lse"}}
+WRITTEN_ARGUMENTS = {"merge_attn_states": {"output", "output_lse"}, "flash_attn_varlen_func": {"out"}}
 
 
 def test_every_public_op_is_a_torch_op_with_a_fake_implementation():

@@ -110,12 +110,14 @@ class PreparedLaunch:
         # (bench/probe_launch.py): it takes plain integers instead of the config struct.
         self._plain = None if attrs else (driver.cuLaunchKernel, self._function, *grid, *block, dynamic_smem)
         self._stream = None
+        self._grid = self._config_grid = tuple(grid)
 
-    def __call__(self, stream: int, *args) -> None:
+    def __call__(self, stream: int, *args, grid: tuple[int, int, int] | None = None) -> None:
         """Launch on `stream` (a raw cudaStream_t handle, e.g. torch's stream.cuda_stream).
 
         Scalars are given as Python numbers; Blob parameters as an Immutable (a TmaDescriptor),
-        `bytes` of the blob's size (struct.pack), or a ctypes object of that size.
+        `bytes` of the blob's size (struct.pack), or a ctypes object of that size. `grid` replaces
+        the prepared grid for this launch (kernels whose grid follows the call's lengths).
         """
         if len(args) != self._arity:
             raise TypeError(f"{self.kernel.name} takes {self._arity} arguments, got {len(args)}")
@@ -138,11 +140,17 @@ class PreparedLaunch:
             plain = self._plain
             if plain is not None:
                 launch, f, gx, gy, gz, bx, by, bz, smem = plain
+                if grid is not None:
+                    gx, gy, gz = grid
                 err = launch(f, gx, gy, gz, bx, by, bz, smem, stream, self._arg_block_address, 0)[0]
             else:
                 if stream != self._stream:
                     self._config.hStream = stream
                     self._stream = stream
+                grid = grid or self._grid
+                if grid != self._config_grid:
+                    self._config.gridDimX, self._config.gridDimY, self._config.gridDimZ = grid
+                    self._config_grid = grid
                 err = self._launch(self._config, self._function, self._arg_block_address, 0)[0]
         if err:
             check((err,), f"launching {self.kernel.name}")

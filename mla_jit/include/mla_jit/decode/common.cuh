@@ -7,6 +7,7 @@
 #include <cuda/std/limits>
 
 #include "mla_jit/common/sm90.cuh"
+#include "mla_jit/common/sm90_fragment.cuh"
 #include "mla_jit/common/trace.cuh"
 
 namespace mla_jit {
@@ -31,10 +32,6 @@ enum TraceCombine {
   kTraceCombineDone = 2,    // thread 0 after its rows (CTAs that merge splits)
   kTraceCombineSplits = 3,  // value: splits of the CTA's batch
 };
-
-// +inf without <math.h>/<cmath> (INFINITY is not defined under NVRTC).
-constexpr float kInf = cuda::std::numeric_limits<float>::infinity();
-
 
 // Runtime parameters of the split-KV and combine kernels. Strides are in elements.
 struct DecodeParams {
@@ -158,25 +155,6 @@ struct WorkCursor {
 };
 
 }  // namespace detail
-
-template <typename T>
-struct ElemTraits;
-template <>
-struct ElemTraits<cutlass::bfloat16_t> {
-  __device__ __forceinline__ static unsigned pack2(float a, float b) {
-    unsigned r;  // cvt.rn packs b into the high half, a into the low half
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
-    return r;
-  }
-};
-template <>
-struct ElemTraits<cutlass::half_t> {
-  __device__ __forceinline__ static unsigned pack2(float a, float b) {
-    unsigned r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
-    return r;
-  }
-};
 
 }  // namespace decode
 }  // namespace mla_jit

@@ -802,7 +802,7 @@ __device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSo
   } else {
     pbuf = ss.aux + stage * (BM * BN);
   }
-  store_p_slab_stsm<Element>(smem_addr(pbuf), tw, st.tSrS);
+  store_acc_sw128_stsm<Element, 64>(smem_addr(pbuf), tw, st.tSrS);
   if ((tw & 3) == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) ss.row_scale[stage][row0 + 8 * h] = sc[h];
@@ -1066,7 +1066,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
   constexpr int NS = Cfg::NUM_STAGES;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  SS& ss = detail::aligned_shared_storage<SS>(smem_raw);
+  SS& ss = aligned_shared_storage<SS>(smem_raw);
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;

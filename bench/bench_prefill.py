@@ -1,0 +1,150 @@
+"""MHA-mode MLA prefill (q/k 192, v 128) against torch's scaled_dot_product_attention, interleaved
+call by call in one run: cuDNN (takes dv 128 natively) and the flash backend with V zero-padded to
+192 (what vLLM does on Ampere/Ada). CUDA events, L2 flushed before each call, median of 20.
+
+FLOPs = 2 * h * sum over sequences of n_q * n_k * (192 + 128), halved where causal with n_q = n_k
+(ANCHORS.md). Rows: the issue's causal b x s x h, a varlen batch (32 sequences, 256..8192 tokens;
+the peers run it sequence by sequence, as a caller without varlen would) and a chunked-context row
+(2048 new tokens over 16384 context keys, non-causal, with lse, then merge_attn_states).
+
+Usage: python3 bench/bench_prefill.py [--arch sm_80] [--rows N] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+
+import torch
+
+from timing import time_interleaved  # noqa: E402  (bench/ is sys.path[0])
+
+D, DV = 192, 128
+CAUSAL_ROWS = [(1, 4096, 128), (1, 8192, 128), (4, 4096, 16), (1, 16384, 16), (8, 2048, 128), (1, 32768, 16)]
+
+
+def _rand(*shape):
+    return (torch.randn(*shape, device="cuda") * 0.5).to(torch.bfloat16)
+
+
+def _flops(lens_q, lens_k, h, causal):
+    total = sum(nq * nk for nq, nk in zip(lens_q, lens_k))
+    return 2 * h * total * (D + DV) / (2 if causal else 1)
+
+
+def _cu(lens):
+    out = [0]
+    for n in lens:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32, device="cuda")
+
+
+def _sdpa_calls(qs, ks, vs, causal):
+    """cuDNN and flash (V padded to 192) over dense (1, h, s, d) views, sequence by sequence."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    qd = [q.transpose(0, 1).unsqueeze(0) for q in qs]
+    kd = [k.transpose(0, 1).unsqueeze(0) for k in ks]
+    vd = [v.transpose(0, 1).unsqueeze(0) for v in vs]
+    vpad = [F.pad(v, (0, D - DV)) for v in vd]
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            for q, k, v in zip(qd, kd, vd):
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def flash_padded():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            for q, k, v in zip(qd, kd, vpad):
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal)[..., :DV]
+    return {"cudnn": cudnn, "flash_pad_v": flash_padded}
+
+
+def _sdpa_batched(b, s, h, causal):
+    """The same peers on a dense (b, h, s, d) batch (the issue's fixed-length rows)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    q, k, v = _rand(b, h, s, D), _rand(b, h, s, D), _rand(b, h, s, DV)
+    vpad = F.pad(v, (0, D - DV))
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def flash_padded():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(q, k, vpad, is_causal=causal)[..., :DV]
+    return {"cudnn": cudnn, "flash_pad_v": flash_padded}
+
+
+def _ours(lens_q, lens_k, h, causal, with_lse=False, merge=False):
+    import mla_jit
+    q, k, v = _rand(sum(lens_q), h, D), _rand(sum(lens_k), h, D), _rand(sum(lens_k), h, 2 * DV)[..., DV:]
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    out = torch.empty(sum(lens_q), h, DV, dtype=torch.bfloat16, device="cuda")
+    prev, prev_lse = torch.randn_like(out), torch.randn(h, sum(lens_q), device="cuda")
+    merged = torch.empty_like(out)
+
+    def call():
+        if not with_lse:
+            mla_jit.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, out=out)
+            return
+        o, lse = mla_jit.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                                return_softmax_lse=True, out=out)
+        if merge:
+            mla_jit.merge_attn_states(merged, prev, prev_lse, o, lse)
+    return call, (q, k, v, lens_q, lens_k)
+
+
+def _split(t, lens):
+    out, s = [], 0
+    for n in lens:
+        out.append(t[s:s + n])
+        s += n
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", help="MLA_JIT_ARCH for mla_jit (e.g. sm_80: the Ampere/Ada family on this GPU)")
+    ap.add_argument("--rows", type=int, default=0, help="only the first N rows")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if args.arch:
+        os.environ["MLA_JIT_ARCH"] = args.arch
+    torch.manual_seed(0)
+    flush = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    rows = []
+    for b, s, h in CAUSAL_ROWS:
+        rows.append((f"{b}x{s}x{h} causal", [s] * b, [s] * b, h, True, False, _sdpa_batched(b, s, h, True)))
+    rnd = random.Random(1)
+    lens = [rnd.randint(256, 8192) for _ in range(32)]
+    rows.append(("varlen 32 seqs 256..8192 h16 causal", lens, lens, 16, True, False, None))
+    rows.append(("chunk 2048 new x 16384 ctx h16 +lse +merge", [2048], [16384], 16, False, True, None))
+    if args.rows:
+        rows = rows[:args.rows]
+    results = []
+    header = f"{'row':44s} {'ours us':>9s} {'TFLOPS':>7s} {'cuDNN':>7s} {'flashpad':>8s} {'x cuDNN':>8s} {'x flashpad':>10s}"
+    print(header)
+    for name, lq, lk, h, causal, merge, peers in rows:
+        ours, (q, k, v, _, _) = _ours(lq, lk, h, causal, with_lse=merge, merge=merge)
+        if peers is None:
+            peers = _sdpa_calls(_split(q, lq), _split(k, lk), _split(v, lk), causal)
+        variants = [(lambda: None, ours)] + [(lambda: None, fn) for fn in peers.values()]
+        times = time_interleaved(variants, flush)
+        flops = _flops(lq, lk, h, causal)
+        tf = [flops / (t * 1e-6) / 1e12 for t in times]
+        row = {"row": name, "us": times[0], "tflops": tf[0], **{f"{p}_tflops": t for p, t in zip(peers, tf[1:])}}
+        results.append(row)
+        print(f"{name:44s} {times[0]:9.1f} {tf[0]:7.1f} {tf[1]:7.1f} {tf[2]:8.1f} {tf[0] / tf[1]:8.3f} "
+              f"{tf[0] / tf[2]:10.3f}", flush=True)
+        del q, k, v, ours, peers
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

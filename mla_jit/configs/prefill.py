@@ -1,0 +1,53 @@
+"""Config of the varlen attention prefill (flash_attn_varlen_func): a pure function of the head dims,
+dtype, causality and arch. The head count and the lengths are runtime values (grid and params)."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from ..jit.arch import Arch
+from .fields import check_fields
+
+PREFILL_DTYPES = ("bf16", "fp16")
+# (q/k head dim, v head dim): DeepSeek's MHA-mode prefill, and the standard ones to compare with.
+SUPPORTED_HEAD_DIMS = ((192, 128), (128, 128), (64, 64))
+SM90_TUNINGS = ("sm_90a",)
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    dtype: str
+    head_dim: int        # of q and k
+    head_dim_v: int
+    causal: bool
+    block_m: int = 128   # query rows per CTA: one 64-row consumer warpgroup each
+    block_n: int = 128   # keys per pipeline stage
+    num_stages: int = 2
+
+    def __post_init__(self):
+        check_fields(self, dtype=PREFILL_DTYPES, head_dim=tuple(sorted({d for d, _ in SUPPORTED_HEAD_DIMS})),
+                     head_dim_v=tuple(sorted({dv for _, dv in SUPPORTED_HEAD_DIMS})), causal=(False, True),
+                     block_m=(128,), block_n=(64, 128, 192), num_stages=(2, 3))
+        if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
+            from ..errors import InvalidArgumentError
+            raise InvalidArgumentError("PrefillConfig.head_dim/head_dim_v",
+                                       " or ".join(f"{d}/{dv}" for d, dv in SUPPORTED_HEAD_DIMS),
+                                       f"{self.head_dim}/{self.head_dim_v}")
+
+    @property
+    def smem_bytes(self) -> int:
+        """Shared memory of the sm90 kernel (fwd_sm90.cuh SharedStorage, + 1 KB alignment slack)."""
+        q = self.block_m * self.head_dim * 2
+        kv = self.num_stages * self.block_n * (self.head_dim + self.head_dim_v) * 2
+        return q + kv + 1024 + 1024
+
+
+SM90_SMEM_LIMIT = 227 * 1024
+
+
+@functools.lru_cache(maxsize=None)
+def prefill_config(dtype: str, head_dim: int, head_dim_v: int, causal: bool, arch: Arch) -> PrefillConfig:
+    # Two stages of 128 keys at 192/128 (208 KB with Q); the smaller head dims take a third stage.
+    cfg = PrefillConfig(dtype, head_dim, head_dim_v, causal)
+    deeper = PrefillConfig(dtype, head_dim, head_dim_v, causal, num_stages=3)
+    return deeper if deeper.smem_bytes <= SM90_SMEM_LIMIT else cfg

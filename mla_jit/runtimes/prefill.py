@@ -1,0 +1,41 @@
+"""The varlen attention prefill family (flash_attn_varlen_func): render and prewarm; no torch here."""
+from __future__ import annotations
+
+import struct
+from typing import Any, Iterable
+
+from ..configs.prefill import PrefillConfig, prefill_config
+from ..dtypes import cpp_type
+from ..jit.arch import Arch, ArchPair
+from ..presets import Preset
+from .base import KernelFamily
+from .registry import register
+
+# C layout of prefill/fwd_sm90.cuh's PrefillParams (4 pointers, 2 strides, 5 ints, 2 floats, pad).
+PREFILL_PARAMS = struct.Struct("<4Q2q5i2fi")
+assert PREFILL_PARAMS.size == 80
+
+
+@register
+class PrefillSm90Family(KernelFamily[PrefillConfig]):
+    name = "prefill_sm90"
+    template = "prefill_sm90.cu.j2"
+    config_type = PrefillConfig
+    ops = ("flash_attn_varlen_func",)
+    tunings = ("sm_90a",)
+    ENTRY = "mla_jit_prefill_fwd"
+
+    def entry_points(self, cfg: PrefillConfig) -> tuple[str, ...]:
+        return (self.ENTRY,)
+
+    def render_context(self, cfg: PrefillConfig, arch: ArchPair) -> dict[str, Any]:
+        return {"entry": self.ENTRY, "dtype": cpp_type(cfg.dtype), "head_dim": cfg.head_dim,
+                "head_dim_v": cfg.head_dim_v, "block_m": cfg.block_m, "block_n": cfg.block_n,
+                "num_stages": cfg.num_stages, "causal": "true" if cfg.causal else "false"}
+
+    def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[PrefillConfig]:
+        # The kernel does not depend on the head count: one per dtype and causality serves every
+        # preset's prefill head dims (new tokens are causal, context chunks are not).
+        dims = dict.fromkeys((p.prefill_head_dim, p.prefill_head_dim_v) for p in presets)
+        return [prefill_config(dtype, d, dv, causal, arch) for d, dv in dims for dtype in ("bf16", "fp16")
+                for causal in (True, False)]
