@@ -5,7 +5,8 @@ call by call in one run: cuDNN (takes dv 128 natively) and the flash backend wit
 FLOPs = 2 * h * sum over sequences of n_q * n_k * (192 + 128), halved where causal with n_q = n_k
 (ANCHORS.md). Rows: the issue's causal b x s x h, a varlen batch (32 sequences, 256..8192 tokens;
 the peers run it sequence by sequence, as a caller without varlen would) and a chunked-context row
-(2048 new tokens over 16384 context keys, non-causal, with lse, then merge_attn_states).
+(2048 new tokens over 16384 context keys, non-causal, with lse; merge_attn_states of its result
+timed on its own in the same interleave; the peers return no lse).
 
 Usage: python3 bench/bench_prefill.py [--arch sm_80] [--rows N] [--json PATH]
 """
@@ -78,23 +79,26 @@ def _sdpa_batched(b, s, h, causal):
     return {"cudnn": cudnn, "flash_pad_v": flash_padded}
 
 
-def _ours(lens_q, lens_k, h, causal, with_lse=False, merge=False):
+def _ours(lens_q, lens_k, h, causal, with_lse=False):
+    """Our call (into a preallocated out, as engines pass out=) and, for the chunked-context row,
+    the merge of its (out, lse) into a running state, timed as a separate variant."""
     import mla_jit
     q, k, v = _rand(sum(lens_q), h, D), _rand(sum(lens_k), h, D), _rand(sum(lens_k), h, 2 * DV)[..., DV:]
     cu_q, cu_k = _cu(lens_q), _cu(lens_k)
     out = torch.empty(sum(lens_q), h, DV, dtype=torch.bfloat16, device="cuda")
-    prev, prev_lse = torch.randn_like(out), torch.randn(h, sum(lens_q), device="cuda")
-    merged = torch.empty_like(out)
 
     def call():
-        if not with_lse:
-            mla_jit.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, out=out)
-            return
-        o, lse = mla_jit.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
-                                                return_softmax_lse=True, out=out)
-        if merge:
-            mla_jit.merge_attn_states(merged, prev, prev_lse, o, lse)
-    return call, (q, k, v, lens_q, lens_k)
+        return mla_jit.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                              return_softmax_lse=with_lse, out=out)
+    merge = None
+    if with_lse:
+        _, lse = call()
+        prev, prev_lse = torch.randn_like(out), torch.randn(h, sum(lens_q), device="cuda")
+        merged, merged_lse = torch.empty_like(out), torch.empty_like(prev_lse)
+
+        def merge():
+            mla_jit.merge_attn_states(merged, prev, prev_lse, out, lse, merged_lse)
+    return call, merge, (q, k, v)
 
 
 def _split(t, lens):
@@ -121,25 +125,31 @@ def main() -> None:
     rnd = random.Random(1)
     lens = [rnd.randint(256, 8192) for _ in range(32)]
     rows.append(("varlen 32 seqs 256..8192 h16 causal", lens, lens, 16, True, False, None))
-    rows.append(("chunk 2048 new x 16384 ctx h16 +lse +merge", [2048], [16384], 16, False, True, None))
+    rows.append(("chunk 2048 new x 16384 ctx h16 non-causal +lse", [2048], [16384], 16, False, True, None))
     if args.rows:
         rows = rows[:args.rows]
     results = []
     header = f"{'row':44s} {'ours us':>9s} {'TFLOPS':>7s} {'cuDNN':>7s} {'flashpad':>8s} {'x cuDNN':>8s} {'x flashpad':>10s}"
     print(header)
-    for name, lq, lk, h, causal, merge, peers in rows:
-        ours, (q, k, v, _, _) = _ours(lq, lk, h, causal, with_lse=merge, merge=merge)
+    for name, lq, lk, h, causal, with_lse, peers in rows:
+        ours, merge, (q, k, v) = _ours(lq, lk, h, causal, with_lse)
         if peers is None:
             peers = _sdpa_calls(_split(q, lq), _split(k, lk), _split(v, lk), causal)
         variants = [(lambda: None, ours)] + [(lambda: None, fn) for fn in peers.values()]
+        if merge is not None:
+            variants.append((lambda: None, merge))
         times = time_interleaved(variants, flush)
         flops = _flops(lq, lk, h, causal)
-        tf = [flops / (t * 1e-6) / 1e12 for t in times]
+        tf = [flops / (t * 1e-6) / 1e12 for t in times[:3]]
         row = {"row": name, "us": times[0], "tflops": tf[0], **{f"{p}_tflops": t for p, t in zip(peers, tf[1:])}}
+        note = ""
+        if merge is not None:
+            row["merge_us"] = times[3]
+            note = f"  (+ merge_attn_states {times[3]:.1f} us)"
         results.append(row)
         print(f"{name:44s} {times[0]:9.1f} {tf[0]:7.1f} {tf[1]:7.1f} {tf[2]:8.1f} {tf[0] / tf[1]:8.3f} "
-              f"{tf[0] / tf[2]:10.3f}", flush=True)
-        del q, k, v, ours, peers
+              f"{tf[0] / tf[2]:10.3f}{note}", flush=True)
+        del q, k, v, ours, peers, merge
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:

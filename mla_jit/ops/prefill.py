@@ -80,8 +80,8 @@ def _signature(q, k, v, cu_seqlens_q, cu_seqlens_k, causal) -> tuple:
     """What the layout checks look at, minus the token counts and the data pointers."""
     return (runtime.plan_env(), bool(causal), q.shape[1:], q.stride(), q.dtype, q.get_device(), k.shape[1:],
             k.stride(), k.dtype, k.get_device(), v.shape[1:], v.stride(), v.dtype, v.get_device(),
-            cu_seqlens_q.shape, cu_seqlens_q.dtype, cu_seqlens_q.get_device(), cu_seqlens_q.stride(),
-            cu_seqlens_k.shape, cu_seqlens_k.dtype, cu_seqlens_k.get_device(), cu_seqlens_k.stride())
+            cu_seqlens_q.dim(), cu_seqlens_q.dtype, cu_seqlens_q.get_device(), cu_seqlens_q.stride(),
+            cu_seqlens_k.dim(), cu_seqlens_k.dtype, cu_seqlens_k.get_device(), cu_seqlens_k.stride())
 
 
 def _prefill_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
@@ -99,12 +99,12 @@ def _prefill_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
             if len(runtime.plans) >= runtime.MAX_PLANS:  # callers with ever-new layouts: keep the memo bounded
                 runtime.plans.clear()
             runtime.plans[signature] = plan
-    scale = _check_call(q, k, v, max_seqlen_q, max_seqlen_k, softmax_scale, out, plan)
+    scale = _check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, out, plan)
     total_q = q.shape[0]
     if out is None:
         out = q.new_empty((total_q, plan.num_heads, plan.head_dim_v))
     lse = q.new_empty((plan.num_heads, total_q), dtype=torch.float32) if return_lse else None
-    plan.run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse, scale)
+    plan.run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse, scale)
     return out, lse
 
 
@@ -137,17 +137,18 @@ def _check_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, causal) -> None:
                                        f"strides {t.stride()}")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         validate.tensor(name, t, dtypes=(torch.int32,), ndim=1, device=device, contiguous=True)
-        if t.shape[0] < 1:
-            raise InvalidArgumentError(name, "shape (b + 1,) with b >= 0", f"shape {tuple(t.shape)}")
-    if cu_seqlens_k.shape != cu_seqlens_q.shape:
-        raise InvalidArgumentError("cu_seqlens_k", f"shape {tuple(cu_seqlens_q.shape)} (cu_seqlens_q's)",
-                                   f"shape {tuple(cu_seqlens_k.shape)}")
     if not isinstance(causal, (bool, int)):
         raise InvalidArgumentError("causal", "a bool", type(causal).__name__)
 
 
-def _check_call(q, k, v, max_seqlen_q, max_seqlen_k, softmax_scale, out, plan) -> float:
-    """Per call: token counts, lengths, scale, alignment and `out`; returns the softmax scale."""
+def _check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, out,
+                plan) -> float:
+    """Per call: batch, token counts, lengths, scale, alignment and `out`; returns the softmax scale."""
+    if cu_seqlens_q.shape[0] < 1:
+        raise InvalidArgumentError("cu_seqlens_q", "shape (b + 1,) with b >= 0", f"shape {tuple(cu_seqlens_q.shape)}")
+    if cu_seqlens_k.shape != cu_seqlens_q.shape:
+        raise InvalidArgumentError("cu_seqlens_k", f"shape {tuple(cu_seqlens_q.shape)} (cu_seqlens_q's)",
+                                   f"shape {tuple(cu_seqlens_k.shape)}")
     total_q, total_k = q.shape[0], k.shape[0]
     if v.shape[0] != total_k:
         raise InvalidArgumentError("v", f"{total_k} tokens (k's)", f"shape {tuple(v.shape)}")
@@ -190,31 +191,47 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _prefill_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
-                  causal=False, return_lse=False, out=None):
+                  causal=False):
     total_q, h, _ = q.shape
-    dv = v.shape[2]
-    result = q.new_empty((total_q, h, dv)) if out is None else out
-    lse = q.new_empty((h, total_q), dtype=torch.float32) if return_lse else None
-    return result if out is None else None, lse
+    return q.new_empty((total_q, h, v.shape[2])), q.new_empty((h, total_q), dtype=torch.float32)
 
 
-def _prefill_torch_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
-                      causal=False, return_lse=False, out=None):
-    result, lse = _prefill_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                 causal, return_lse, out)
-    # A custom op may not return an alias of a mutated input: with out= the result is `out` itself.
-    return (result if out is None else None), lse
+def _prefill_out_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, softmax_scale=None,
+                      causal=False):
+    return q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
+def _prefill_functional(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                        causal=False):
+    return _prefill_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                          True, None)
+
+
+def _prefill_into(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, softmax_scale=None,
+                  causal=False):
+    return _prefill_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                          True, out)[1]
+
+
+# Two ops for the compile path (a custom op may not return an alias of an input, and Dynamo's
+# functionalization takes no optional returns): the functional form returns (out, lse); the `out=`
+# form writes out and returns lse. Both always compute lse (h x total_q floats: next to nothing).
+_SCHEMA_ARGS = ("Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
+                "SymInt max_seqlen_k")
 _prefill_defined = library.define(
-    "flash_attn_varlen_func",
-    "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
-    "SymInt max_seqlen_k, float? softmax_scale=None, bool causal=False, bool return_lse=False, "
-    "Tensor(a!)? out=None) -> (Tensor?, Tensor?)", _prefill_torch_op, _prefill_fake, mutates=("out",))
+    "flash_attn_varlen_func", f"({_SCHEMA_ARGS}, float? softmax_scale=None, bool causal=False) -> (Tensor, Tensor)",
+    _prefill_functional, _prefill_fake)
+_prefill_out_defined = library.define(
+    "flash_attn_varlen_func_out",
+    f"({_SCHEMA_ARGS}, Tensor(a!) out, float? softmax_scale=None, bool causal=False) -> Tensor",
+    _prefill_into, _prefill_out_fake, mutates=("out",))
 
 
 def _prefill_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, return_lse,
                 out):
-    result, lse = _prefill_defined(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                   causal, return_lse, out)
-    return (out if out is not None else result), lse
+    if out is None:
+        return _prefill_defined(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                causal)
+    lse = _prefill_out_defined(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, softmax_scale,
+                               causal)
+    return out, lse

@@ -6,6 +6,8 @@ The op layer (ops/prefill.py) validates arguments and asks for a plan; the plan 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..configs.prefill import prefill_config
@@ -45,10 +47,16 @@ def descriptor(t: torch.Tensor, box_rows: int) -> tma.TmaDescriptor:
     return desc
 
 
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).L2_cache_size
+
+
 class PrefillPlan:
     """What a layout needs beyond its lengths and pointers: the kernel, its launch and the sizes."""
 
-    __slots__ = ("cfg", "launch", "device_index", "num_heads", "q_per_kv", "head_dim_v", "block_m", "block_n")
+    __slots__ = ("cfg", "launch", "device_index", "num_heads", "q_per_kv", "head_dim_v", "block_m", "block_n",
+                 "kv_row_bytes", "l2_budget")
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
         self.device_index = q.get_device()
@@ -58,6 +66,8 @@ class PrefillPlan:
         self.head_dim_v = v.shape[2]
         self.cfg = prefill_config(name_of(q.dtype), q.shape[2], v.shape[2], causal, arch.tuning)
         self.block_m, self.block_n = self.cfg.block_m, self.cfg.block_n
+        self.kv_row_bytes = (k.shape[2] + v.shape[2]) * k.element_size()   # one token of one KV head
+        self.l2_budget = _l2_bytes(self.device_index) // 2
         family = registry.get("prefill_sm90")
         smem = read_global_int32(family.binary(self.cfg, arch), f"{family.ENTRY}_smem_bytes", self.device_index)
         threads = 128 * (1 + self.cfg.block_m // 64)
@@ -66,8 +76,8 @@ class PrefillPlan:
                                       (threads, 1, 1), dynamic_smem=smem)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, out: torch.Tensor, lse: torch.Tensor | None,
-            scale: float) -> None:
+            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, out: torch.Tensor,
+            lse: torch.Tensor | None, scale: float) -> None:
         """Enqueue the call on the current stream (arguments validated by the op)."""
         b = cu_seqlens_q.shape[0] - 1
         total_q = q.shape[0]
@@ -76,14 +86,17 @@ class PrefillPlan:
         m_blocks = -(-min(max_seqlen_q, total_q) // self.block_m)
         if b == 0 or m_blocks == 0 or self.num_heads == 0:
             return
+        # Heads whose K / V (of the longest sequence) share half the L2: the tile order's sections.
+        kv_head_bytes = max(1, min(max_seqlen_k, k.shape[0]) * self.kv_row_bytes)
+        section = min(self.num_heads, max(1, self.l2_budget // kv_head_bytes) * self.q_per_kv)
         params = PREFILL_PARAMS.pack(
             out.data_ptr(), 0 if lse is None else lse.data_ptr(), cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
             out.stride(0), out.stride(1), b, self.num_heads, self.q_per_kv, total_q, m_blocks,
-            scale * _LOG2E, scale, 0)
+            scale * _LOG2E, scale, section)
         q_desc = descriptor(q, 64)
         if k.shape[0] == 0:   # no keys at all: no tile is loaded, but a descriptor needs a non-empty tensor
             k_desc = v_desc = q_desc
         else:
             k_desc, v_desc = descriptor(k, self.block_n), descriptor(v, self.block_n)
         self.launch(current_stream(self.device_index), params, q_desc, k_desc, v_desc,
-                    grid=(self.num_heads, b, m_blocks))
+                    grid=(m_blocks * self.num_heads, b, 1))

@@ -1,11 +1,12 @@
 // mla_jit prefill: varlen attention forward for sm_90a with q/k head dim D_QK and v head dim D_V
 // (DeepSeek's MHA-mode prefill: 192 / 128), causal aligned bottom-right, natural-log LSE.
 //
-// Grid (h, b, ceil(max_seqlen_q / BLOCK_M)), block 128 * (1 + BLOCK_M / 64) threads, 1 CTA / SM.
-// blockIdx.z counts row tiles from the last one, so the CTAs with the most KV tiles (causal: the
-// last row tiles) are dispatched first and the short ones fill the tail of the grid; heads are the
-// fastest index, so the CTAs of a GQA group (and, for MHA, the row tiles of a head that run at
-// once) read the same K / V tiles from L2.
+// Grid (ceil(max_seqlen_q / BLOCK_M) * h, b), block 128 * (1 + BLOCK_M / 64) threads, 1 CTA / SM.
+// Tile order (tile_work): heads are cut into sections of heads_per_section heads whose K and V fit
+// in about half the L2 together; a section's tiles run before the next section's, its row tiles
+// from the last (causal: the most KV tiles) to the first, its heads fastest. So the CTAs running at
+// once read the K / V of a few heads from L2 (every row tile of a head reads the same K / V), and
+// within a section the long tiles go first and the short ones fill the tail.
 //
 // Roles (warp specialization): warp 0 of WG0 is the TMA producer (registers dropped to
 // kRegsProducer); WG1 .. WG(BLOCK_M / 64) are consumers, each owning 64 query rows: S (64 x
@@ -52,10 +53,10 @@ struct PrefillParams {
   long long o_stride_t, o_stride_h;  // elements
   int b, h, q_per_kv;
   int total_q;              // rows of q / out: stores outside [0, total_q) are dropped (bad cu_seqlens_q)
-  int num_m_blocks;          // gridDim.z
+  int num_m_blocks;          // row tiles of the longest sequence (gridDim.x = num_m_blocks * h)
   float scale_log2;          // softmax scale * log2(e)
   float scale;               // softmax scale (natural)
-  int pad;
+  int heads_per_section;     // the tile order's head sections (see above), >= 1
 };
 static_assert(sizeof(PrefillParams) == 80, "PrefillParams layout");
 
@@ -116,6 +117,7 @@ constexpr int kBarConsumerBase = 1;
 
 // The work of one CTA: a 128-row tile of one head of one sequence, and the KV tiles it visits.
 struct TileWork {
+  int head;        // query head
   int q0, len_q;   // first token of the sequence in q / out, its length
   int k0, len_k;   // the same in k / v
   int m_block;     // row tile (rows m_block * BLOCK_M ..)
@@ -131,7 +133,11 @@ __device__ __forceinline__ TileWork tile_work(const PrefillParams& p) {
   w.len_q = p.cu_seqlens_q[bi + 1] - w.q0;
   w.k0 = p.cu_seqlens_k[bi];
   w.len_k = p.cu_seqlens_k[bi + 1] - w.k0;
-  w.m_block = p.num_m_blocks - 1 - int(blockIdx.z);
+  const int t = blockIdx.x, per_section = p.heads_per_section * p.num_m_blocks;
+  const int section = t / per_section, in_section = t - section * per_section;
+  const int heads = min(p.heads_per_section, p.h - section * p.heads_per_section);   // the last one is short
+  w.head = section * p.heads_per_section + in_section % heads;
+  w.m_block = p.num_m_blocks - 1 - in_section / heads;
   const int row_first = w.m_block * Cfg::BLOCK_M;
   const int row_last = min(row_first + Cfg::BLOCK_M, w.len_q) - 1;
   // Keys visible to the tile's last row (bottom-right causal: row i sees keys < len_k - len_q + i + 1)
@@ -153,7 +159,7 @@ __device__ __forceinline__ void producer(typename Cfg::SharedStorage& ss, const 
                                          const TmaDescriptor* q_desc, const TmaDescriptor* k_desc,
                                          const TmaDescriptor* v_desc) {
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
-  const int head = blockIdx.x, kv_head = head / p.q_per_kv;
+  const int head = w.head, kv_head = head / p.q_per_kv;
   const uint64_t q_policy = l2_evict_first_policy();   // each Q tile is read by one CTA
   const uint64_t kv_policy = l2_evict_last_policy();   // K / V tiles are read by every row tile of a head
   mbarrier_arrive_expect_tx(&ss.q_full, Cfg::kQBytes);
@@ -321,7 +327,7 @@ __device__ __forceinline__ void store_output(typename Cfg::SharedStorage& ss, co
     const int r = tile_row0 + row0 + 8 * h;
     if (p.lse != nullptr && tw % 4 == 0 && r < w.len_q && unsigned(w.q0 + r) < unsigned(p.total_q)) {
       const float lse2 = st.m[h] + lg2_approx(l);
-      p.lse[(long long)blockIdx.x * p.total_q + w.q0 + r] = seen ? lse2 * 0.69314718055994530942f : kInf;
+      p.lse[(long long)w.head * p.total_q + w.q0 + r] = seen ? lse2 * 0.69314718055994530942f : kInf;
     }
   }
   const uint32_t tile = smem_addr(ss.q[wg]);
@@ -339,7 +345,7 @@ __device__ __forceinline__ void store_output(typename Cfg::SharedStorage& ss, co
       asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
                    : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                    : "r"(tile + sw128_offset<64>(lr, c * 8)));
-      Element* dst = out + (long long)(w.q0 + r) * p.o_stride_t + (long long)blockIdx.x * p.o_stride_h + c * 8;
+      Element* dst = out + (long long)(w.q0 + r) * p.o_stride_t + (long long)w.head * p.o_stride_h + c * 8;
       asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                    : "memory");
     }
