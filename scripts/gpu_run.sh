@@ -47,6 +47,8 @@ for dims in 192,128,2 128,128,3 64,64,3; do
   done
 done
 python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op merge_attn_states "${configs[@]}" 2>&1 | tail -n 2
+python3 -m mla_jit.cli prewarm --jobs 8 --op flash_attn_varlen_func --arch sm_80@sm_90a --arch sm_89@sm_90a \
+  2>&1 | tail -n 1
 status=0
 if [ -z "${SKIP_MAIN_TESTS:-}" ]; then
   # A protocol bug in a kernel shows up as a hang, which no in-process timeout can interrupt.
@@ -55,9 +57,10 @@ if [ -z "${SKIP_MAIN_TESTS:-}" ]; then
   status=${PIPESTATUS[0]}
 fi
 if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
-  # A few decode cases (paged tails with NaN, zero lengths, page 16/256, d=512) under memcheck.
+  # A few cases under memcheck (decode: paged tails with NaN, zero lengths, page 16/256, d=512;
+  # SANITIZE_TESTS picks another test file).
   timeout 400 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests/test_gpu_decode.py -k "$SANITIZE" 2>&1 | tee "$OUT/sanitizer.log" | tail -n 6
+    ${SANITIZE_TESTS:-tests/test_gpu_decode.py} -k "$SANITIZE" 2>&1 | tee "$OUT/sanitizer.log" | tail -n 6
   echo "compute-sanitizer exit status: ${PIPESTATUS[0]}"
 fi
 if [ -z "${SKIP_JIT_BENCH:-}" ]; then
@@ -79,6 +82,10 @@ if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
 fi
 if [ -z "${SKIP_PREFILL_BENCH:-}" ]; then
   python3 bench/bench_prefill.py --json "$OUT/bench_prefill.json" 2>&1 | tee "$OUT/bench_prefill.log" | tail -n 12
+  for arch in ${PREFILL_BENCH_ARCHS:-}; do  # e.g. "sm_80 sm_89": the mma.sync family on this GPU
+    python3 bench/bench_prefill.py --arch "$arch" --json "$OUT/bench_prefill_$arch.json" 2>&1 \
+      | tee "$OUT/bench_prefill_$arch.log" | tail -n 10
+  done
 fi
 for case in ${TRACE_CASES:-}; do  # e.g. TRACE_CASES="32,1,4096,16 128,1,4096,16": per-CTA timelines
   PYTHONPATH=$PWD/bench:$PYTHONPATH python3 bench/trace_decode.py ${case//,/ } ${TRACE_ARGS:-} \

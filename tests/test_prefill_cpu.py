@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import mla_jit
-from mla_jit.configs.prefill import SUPPORTED_HEAD_DIMS, PrefillConfig, prefill_config
+from mla_jit.configs.prefill import (SM80_SMEM_LIMITS, SUPPORTED_HEAD_DIMS, PrefillConfig, Sm80PrefillConfig,
+                                     prefill_config, sm80_prefill_config)
 from mla_jit.jit.arch import resolve_for_build
 from mla_jit.jit.build import build
 from mla_jit.ops import validate
@@ -38,7 +39,7 @@ def test_configs_fit_shared_memory():
 
 
 def test_params_struct_matches_header():
-    header = (REPO / "mla_jit/include/mla_jit/prefill/fwd_sm90.cuh").read_text()
+    header = (REPO / "mla_jit/include/mla_jit/prefill/common.cuh").read_text()
     assert f"static_assert(sizeof(PrefillParams) == {PREFILL_PARAMS.size}," in header
 
 
@@ -78,6 +79,35 @@ def test_sm90_kernel_compiles_without_local_memory(dims, dtype, cache_root, monk
         assert "HGMMA.64x128x16.F32.BF16" in sass     # S (N = 128 keys) and P V (N = 128 columns)
         assert "UTMALDG.3D" in sass                   # q, k, v through TMA
         assert sass.count("STG.E.128") >= 1           # O stored 16 bytes a thread
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89"])
+def test_sm80_configs_fit_their_arch(arch):
+    tuning = resolve_for_build(arch).tuning
+    for d, dv in SUPPORTED_HEAD_DIMS:
+        cfg = sm80_prefill_config("bf16", d, dv, True, tuning)
+        assert cfg.smem_bytes <= SM80_SMEM_LIMITS[arch]
+    big = sm80_prefill_config("bf16", 192, 128, True, tuning)
+    # 163 KB: Q in its own area, two stages; 99 KB: Q loaded through the two stages.
+    assert (big.num_stages, big.q_aliases_kv) == ((2, False) if arch == "sm_80" else (2, True))
+    with pytest.raises(mla_jit.InvalidArgumentError, match="q_aliases_kv"):
+        Sm80PrefillConfig("bf16", 192, 128, True, 2, "yes")
+
+
+@pytest.mark.parametrize("dims", SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89"])
+def test_sm80_kernel_compiles_without_local_memory(arch, dims, dtype, cache_root, monkeypatch, tmp_path):
+    monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
+    pair = resolve_for_build(arch)
+    family = registry.get("prefill_sm80")
+    binary = build(family.source(sm80_prefill_config(dtype, *dims, True, pair.tuning), pair))
+    report = binary.log.split(f"Function properties for {family.ENTRY}")[1].splitlines()[1]
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
+    if dims == (192, 128) and dtype == "bf16":
+        sass = sass_of(binary.cubin, tmp_path)
+        assert "LDL" not in sass and "STL" not in sass
+        assert "HMMA.16816.F32.BF16" in sass and "LDGSTS" in sass and "LDSM.16.MT88.4" in sass
 
 
 # ---- the op with the GPU stubbed -----------------------------------------------------------------
@@ -127,13 +157,17 @@ def test_packed_params_grid_and_plan_reuse(stub_launch):
     assert len(built) == 1 and built[0][1] == (384, 1, 1) and built[0][2]["dynamic_smem"] == 200 * 1024
     (params, descs, grid), (params2, _, grid2) = launched
     assert grid == (3 * 16, 2, 1) and grid2 == (8 * 16, 3, 1)   # row tiles x heads, batch
+    assert params[:9] == (q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:2], *k.stride()[:2],
+                          *v.stride()[:2])
+    assert v.stride()[:2] == (16 * 256, 256)   # the split view's strides reach the kernel
+    params = params[9:]
     assert params[:4] == (out.data_ptr(), lse.data_ptr(), cu_q.data_ptr(), cu_k.data_ptr())
     assert params[4:6] == out.stride()[:2]
     assert params[6:11] == (2, 16, 1, 400, 3)   # b, h, q_per_kv, total_q, row tiles
     assert params[11] == pytest.approx(192 ** -0.5 / math.log(2)) and params[12] == pytest.approx(192 ** -0.5)
     # K and V of 300 tokens (640 B a token a head) in half the L2: every head in one section.
     assert params[13] == 16
-    assert params2[1] == 0   # no lse asked for: a null pointer
+    assert params2[10] == 0   # no lse asked for: a null pointer
     assert descs == (("desc", q.data_ptr(), tuple(q.shape), 64), ("desc", k.data_ptr(), tuple(k.shape), 128),
                      ("desc", v.data_ptr(), tuple(v.shape), 128))
 
@@ -146,7 +180,7 @@ def test_head_sections_follow_the_key_length(stub_launch):
     mla_jit.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 40_000)   # 25.6 MB a KV head: one a section
     mla_jit.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 10_000)   # 6.4 MB: all of them
     mla_jit.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 10 ** 9)  # capped at total_k
-    assert [launch[0][13] for launch in launched] == [4, 8, 4]
+    assert [launch[0][22] for launch in launched] == [4, 8, 4]
 
 
 def test_empty_batches_launch_nothing(stub_launch):
@@ -161,7 +195,7 @@ def test_gqa_and_out(stub_launch):
     q, k, v, cu_q, cu_k, mq, mk = _cpu_inputs(h=16, h_k=4)
     out = torch.empty(400, 16, 128, dtype=torch.bfloat16)
     res = mla_jit.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, out=out)
-    assert res is out and launched[0][0][0] == out.data_ptr() and launched[0][0][8] == 4
+    assert res is out and launched[0][0][9] == out.data_ptr() and launched[0][0][17] == 4
 
 
 def test_bad_arguments_raise_typed_errors(stub_launch):

@@ -43,6 +43,50 @@ class PrefillConfig:
 
 
 SM90_SMEM_LIMIT = 227 * 1024
+# Dynamic shared memory a block may have on the mma.sync family's tunings.
+SM80_SMEM_LIMITS = {"sm_80": 166912, "sm_86": 101376, "sm_89": 101376}
+
+
+@dataclass(frozen=True)
+class Sm80PrefillConfig:
+    """The mma.sync + cp.async family (sm_80, sm_86, sm_89): 16 query rows a warp, Q in registers."""
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    causal: bool
+    num_stages: int
+    q_aliases_kv: bool   # Q loaded through the K/V stage area (small shared memory)
+    block_m: int = 128
+    block_n: int = 64
+
+    def __post_init__(self):
+        check_fields(self, dtype=PREFILL_DTYPES, head_dim=tuple(sorted({d for d, _ in SUPPORTED_HEAD_DIMS})),
+                     head_dim_v=tuple(sorted({dv for _, dv in SUPPORTED_HEAD_DIMS})), causal=(False, True),
+                     num_stages=(2, 3), q_aliases_kv=(False, True), block_m=(64, 128), block_n=(32, 64))
+        if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
+            from ..errors import InvalidArgumentError
+            raise InvalidArgumentError("Sm80PrefillConfig.head_dim/head_dim_v",
+                                       " or ".join(f"{d}/{dv}" for d, dv in SUPPORTED_HEAD_DIMS),
+                                       f"{self.head_dim}/{self.head_dim_v}")
+
+    @property
+    def smem_bytes(self) -> int:
+        """fwd_sm80.cuh's kSmemBytes."""
+        q = self.block_m * self.head_dim * 2
+        stages = self.num_stages * self.block_n * (self.head_dim + self.head_dim_v) * 2
+        return max(q, stages) if self.q_aliases_kv else q + stages
+
+
+@functools.lru_cache(maxsize=None)
+def sm80_prefill_config(dtype: str, head_dim: int, head_dim_v: int, causal: bool, arch: Arch) -> Sm80PrefillConfig:
+    """The deepest pipeline that fits the arch's shared memory, preferring Q in its own area (its
+    load then overlaps the first K/V tiles') at equal depth."""
+    limit = SM80_SMEM_LIMITS[arch.name]
+    for stages, alias in ((3, False), (2, False), (3, True), (2, True)):
+        cfg = Sm80PrefillConfig(dtype, head_dim, head_dim_v, causal, stages, alias)
+        if cfg.smem_bytes <= limit:
+            return cfg
+    raise AssertionError(f"no prefill tile fits {arch.name}")   # (2 aliased stages fit every head dim)
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from ..configs.prefill import prefill_config
+from ..configs.prefill import SM90_TUNINGS, prefill_config, sm80_prefill_config
 from ..dtypes import name_of
 from ..jit import env, tma
 from ..jit.arch import resolve_for_device
@@ -56,7 +56,7 @@ class PrefillPlan:
     """What a layout needs beyond its lengths and pointers: the kernel, its launch and the sizes."""
 
     __slots__ = ("cfg", "launch", "device_index", "num_heads", "q_per_kv", "head_dim_v", "block_m", "block_n",
-                 "kv_row_bytes", "l2_budget")
+                 "kv_row_bytes", "l2_budget", "tma")
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
         self.device_index = q.get_device()
@@ -64,15 +64,24 @@ class PrefillPlan:
         self.num_heads = q.shape[1]
         self.q_per_kv = q.shape[1] // k.shape[1]
         self.head_dim_v = v.shape[2]
-        self.cfg = prefill_config(name_of(q.dtype), q.shape[2], v.shape[2], causal, arch.tuning)
+        shape = (name_of(q.dtype), q.shape[2], v.shape[2], bool(causal))
+        # Hopper: the TMA + wgmma kernel (q, k, v through descriptors); Ampere/Ada: mma.sync.
+        self.tma = arch.tuning.name in SM90_TUNINGS
+        if self.tma:
+            self.cfg = prefill_config(*shape, arch.tuning)
+            family = registry.get("prefill_sm90")
+            params = (Blob(PREFILL_PARAMS.size), TMA_DESC, TMA_DESC, TMA_DESC)
+            threads = 128 * (1 + self.cfg.block_m // 64)
+        else:
+            self.cfg = sm80_prefill_config(*shape, arch.tuning)
+            family = registry.get("prefill_sm80")
+            params = (Blob(PREFILL_PARAMS.size),)
+            threads = 32 * self.cfg.block_m // 16
         self.block_m, self.block_n = self.cfg.block_m, self.cfg.block_n
         self.kv_row_bytes = (k.shape[2] + v.shape[2]) * k.element_size()   # one token of one KV head
         self.l2_budget = _l2_bytes(self.device_index) // 2
-        family = registry.get("prefill_sm90")
         smem = read_global_int32(family.binary(self.cfg, arch), f"{family.ENTRY}_smem_bytes", self.device_index)
-        threads = 128 * (1 + self.cfg.block_m // 64)
-        self.launch = family.launcher(self.cfg, arch, family.ENTRY, self.device_index,
-                                      (Blob(PREFILL_PARAMS.size), TMA_DESC, TMA_DESC, TMA_DESC), (1, 1, 1),
+        self.launch = family.launcher(self.cfg, arch, family.ENTRY, self.device_index, params, (1, 1, 1),
                                       (threads, 1, 1), dynamic_smem=smem)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -90,13 +99,18 @@ class PrefillPlan:
         kv_head_bytes = max(1, min(max_seqlen_k, k.shape[0]) * self.kv_row_bytes)
         section = min(self.num_heads, max(1, self.l2_budget // kv_head_bytes) * self.q_per_kv)
         params = PREFILL_PARAMS.pack(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
             out.data_ptr(), 0 if lse is None else lse.data_ptr(), cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
             out.stride(0), out.stride(1), b, self.num_heads, self.q_per_kv, total_q, m_blocks,
             scale * _LOG2E, scale, section)
+        grid = (m_blocks * self.num_heads, b, 1)
+        stream = current_stream(self.device_index)
+        if not self.tma:
+            self.launch(stream, params, grid=grid)
+            return
         q_desc = descriptor(q, 64)
         if k.shape[0] == 0:   # no keys at all: no tile is loaded, but a descriptor needs a non-empty tensor
             k_desc = v_desc = q_desc
         else:
             k_desc, v_desc = descriptor(k, self.block_n), descriptor(v, self.block_n)
-        self.launch(current_stream(self.device_index), params, q_desc, k_desc, v_desc,
-                    grid=(m_blocks * self.num_heads, b, 1))
+        self.launch(stream, params, q_desc, k_desc, v_desc, grid=grid)

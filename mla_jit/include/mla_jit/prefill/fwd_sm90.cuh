@@ -2,11 +2,7 @@
 // (DeepSeek's MHA-mode prefill: 192 / 128), causal aligned bottom-right, natural-log LSE.
 //
 // Grid (ceil(max_seqlen_q / BLOCK_M) * h, b), block 128 * (1 + BLOCK_M / 64) threads, 1 CTA / SM.
-// Tile order (tile_work): heads are cut into sections of heads_per_section heads whose K and V fit
-// in about half the L2 together; a section's tiles run before the next section's, its row tiles
-// from the last (causal: the most KV tiles) to the first, its heads fastest. So the CTAs running at
-// once read the K / V of a few heads from L2 (every row tile of a head reads the same K / V), and
-// within a section the long tiles go first and the short ones fill the tail.
+// Tile order: prefill/common.cuh (tile_work).
 //
 // Roles (warp specialization): warp 0 of WG0 is the TMA producer (registers dropped to
 // kRegsProducer); WG1 .. WG(BLOCK_M / 64) are consumers, each owning 64 query rows: S (64 x
@@ -39,26 +35,10 @@
 
 #include "mla_jit/common/sm90.cuh"
 #include "mla_jit/common/sm90_fragment.cuh"
+#include "common.cuh"
 
 namespace mla_jit {
 namespace prefill {
-
-// Runtime parameters (q, k and v come through TMA descriptors). runtimes/prefill.py packs this
-// struct (PREFILL_PARAMS); the CPU tests pin both to this size.
-struct PrefillParams {
-  void* out;                 // (total_q, h, D_V): any token / head stride, last dim contiguous
-  float* lse;                // (h, total_q) natural log; nullptr: not written
-  const int* cu_seqlens_q;   // (b + 1,)
-  const int* cu_seqlens_k;   // (b + 1,)
-  long long o_stride_t, o_stride_h;  // elements
-  int b, h, q_per_kv;
-  int total_q;              // rows of q / out: stores outside [0, total_q) are dropped (bad cu_seqlens_q)
-  int num_m_blocks;          // row tiles of the longest sequence (gridDim.x = num_m_blocks * h)
-  float scale_log2;          // softmax scale * log2(e)
-  float scale;               // softmax scale (natural)
-  int heads_per_section;     // the tile order's head sections (see above), >= 1
-};
-static_assert(sizeof(PrefillParams) == 80, "PrefillParams layout");
 
 template <typename Element_, int D_QK_, int D_V_, int BLOCK_M_, int BLOCK_N_, int NUM_STAGES_, bool CAUSAL_>
 struct PrefillSm90Config {
@@ -114,43 +94,6 @@ namespace detail {
 
 // Named barriers (0 is __syncthreads'): consumer warpgroup w uses 1 + w (its 128 threads).
 constexpr int kBarConsumerBase = 1;
-
-// The work of one CTA: a 128-row tile of one head of one sequence, and the KV tiles it visits.
-struct TileWork {
-  int head;        // query head
-  int q0, len_q;   // first token of the sequence in q / out, its length
-  int k0, len_k;   // the same in k / v
-  int m_block;     // row tile (rows m_block * BLOCK_M ..)
-  int n_tiles;     // KV tiles 0 .. n_tiles - 1 hold keys some row of the tile sees
-  int mask_from;   // tiles n >= mask_from need the causal / sequence-end mask
-};
-
-template <typename Cfg>
-__device__ __forceinline__ TileWork tile_work(const PrefillParams& p) {
-  TileWork w;
-  const int bi = blockIdx.y;
-  w.q0 = p.cu_seqlens_q[bi];
-  w.len_q = p.cu_seqlens_q[bi + 1] - w.q0;
-  w.k0 = p.cu_seqlens_k[bi];
-  w.len_k = p.cu_seqlens_k[bi + 1] - w.k0;
-  const int t = blockIdx.x, per_section = p.heads_per_section * p.num_m_blocks;
-  const int section = t / per_section, in_section = t - section * per_section;
-  const int heads = min(p.heads_per_section, p.h - section * p.heads_per_section);   // the last one is short
-  w.head = section * p.heads_per_section + in_section % heads;
-  w.m_block = p.num_m_blocks - 1 - in_section / heads;
-  const int row_first = w.m_block * Cfg::BLOCK_M;
-  const int row_last = min(row_first + Cfg::BLOCK_M, w.len_q) - 1;
-  // Keys visible to the tile's last row (bottom-right causal: row i sees keys < len_k - len_q + i + 1)
-  // and to its first row (every tile past that one needs the mask).
-  int end = w.len_k, full = w.len_k;
-  if constexpr (Cfg::CAUSAL) {
-    end = min(w.len_k, w.len_k - w.len_q + row_last + 1);
-    full = min(w.len_k, w.len_k - w.len_q + row_first + 1);
-  }
-  w.n_tiles = end > 0 ? (end + Cfg::BLOCK_N - 1) / Cfg::BLOCK_N : 0;
-  w.mask_from = max(full, 0) / Cfg::BLOCK_N;
-  return w;
-}
 
 // ---- Producer (one thread) ----
 

@@ -1,0 +1,300 @@
+// mla_jit prefill: varlen attention forward for GPUs without TMA / wgmma (sm_80, sm_86, sm_89):
+// mma.sync m16n8k16 + ldmatrix + cp.async, v head dim native (no padding to D_QK).
+//
+// Grid (ceil(max_seqlen_q / BLOCK_M) * h, b) in the tile order of common.cuh, block 32 * BLOCK_M /
+// 16 threads: warp w owns query rows 16 w .. 16 w + 15 of the CTA's BLOCK_M. Its Q fragment lives
+// in registers for the whole CTA (D_QK / 16 x 4 words), S (16 x BLOCK_N) and O (16 x D_V) are
+// fp32 accumulators, P is repacked from S in registers as the A operand of P V.
+//
+// Shared memory: Q (BLOCK_M x D_QK), then NUM_STAGES stages of K (BLOCK_N x D_QK) and V (BLOCK_N
+// x D_V), row-major with the XOR swizzle of common/sm80.cuh (conflict-free cp.async writes and
+// ldmatrix reads). Q_ALIASES_KV (sm_86 / sm_89, 99 KB a block): Q is loaded into the stage area,
+// moved to registers, and only then are the stages filled.
+//
+// Pipeline per KV tile i (walked from the last tile, the only ones needing a mask, to the first):
+//   wait for tile i's copies (cp.async group) -> __syncthreads (every warp is done with tile i - 1,
+//   whose stage is refilled now) -> issue the copies of tile i + NUM_STAGES - 1 -> S = Q K^T ->
+//   mask -> online softmax (lazy rescaling, as the sm_90a kernel) -> O += P V.
+// Rows and keys past a sequence's end are copied as zeros (cp.async with 0 source bytes): nothing
+// past cu_seqlens is read, and a masked key contributes exactly 0.
+#pragma once
+
+#include <cutlass/numeric_types.h>
+
+#include "mla_jit/common/sm80.cuh"
+#include "mla_jit/common/sm90_fragment.cuh"
+#include "common.cuh"
+
+namespace mla_jit {
+namespace prefill {
+
+template <typename Element_, int D_QK_, int D_V_, int BLOCK_M_, int BLOCK_N_, int NUM_STAGES_, bool CAUSAL_,
+          bool Q_ALIASES_KV_>
+struct PrefillSm80Config {
+  using Element = Element_;
+  static constexpr int D_QK = D_QK_, D_V = D_V_, BLOCK_M = BLOCK_M_, BLOCK_N = BLOCK_N_;
+  static constexpr int NUM_STAGES = NUM_STAGES_;
+  static constexpr bool CAUSAL = CAUSAL_, Q_ALIASES_KV = Q_ALIASES_KV_;
+  static constexpr int kWarps = BLOCK_M / 16;
+  static constexpr int NUM_THREADS = 32 * kWarps;
+  static constexpr int kQkChunks = D_QK / 8, kVChunks = D_V / 8;   // 16-byte chunks of a row
+  static constexpr int kQBytes = BLOCK_M * D_QK * 2;
+  static constexpr int kKBytes = BLOCK_N * D_QK * 2;
+  static constexpr int kStageBytes = kKBytes + BLOCK_N * D_V * 2;
+  static constexpr int kStagesBytes = NUM_STAGES * kStageBytes;
+  static constexpr int kSmemBytes = Q_ALIASES_KV ? (kQBytes > kStagesBytes ? kQBytes : kStagesBytes)
+                                                 : kQBytes + kStagesBytes;
+
+  static_assert(BLOCK_M % 16 == 0 && BLOCK_M <= 256, "16 query rows a warp");
+  static_assert(BLOCK_N % 16 == 0 && D_QK % 64 == 0 && D_V % 64 == 0, "tile shapes");
+  static_assert(NUM_STAGES >= 2, "double buffering at least");
+  static_assert((BLOCK_N * kQkChunks) % NUM_THREADS == 0 && (BLOCK_N * kVChunks) % NUM_THREADS == 0 &&
+                    (BLOCK_M * kQkChunks) % NUM_THREADS == 0,
+                "whole 16-byte copies per thread");
+  static_assert(cute::is_same_v<Element, cutlass::bfloat16_t> || cute::is_same_v<Element, cutlass::half_t>,
+                "bf16 or fp16");
+};
+
+namespace detail {
+
+// kRows rows of kChunks 16-byte chunks from `src` (row stride `stride` elements) into a swizzled
+// shared tile; rows >= valid_rows are written as zeros and not read.
+template <typename Cfg, int kRows, int kChunks>
+__device__ __forceinline__ void copy_rows(uint32_t dst, const typename Cfg::Element* src, long long stride,
+                                          int valid_rows, int tid) {
+#pragma unroll
+  for (int it = 0; it < kRows * kChunks / Cfg::NUM_THREADS; ++it) {
+    const int idx = it * Cfg::NUM_THREADS + tid;
+    const int r = idx / kChunks, c = idx % kChunks;
+    const bool valid = r < valid_rows;
+    const typename Cfg::Element* from = valid ? src + r * stride + c * 8 : src;
+    sm80::cp_async_16(dst + sm80::swz<kChunks>(r, c), from, valid ? 16 : 0);
+  }
+}
+
+// Per-thread softmax state of its two rows (lane / 4 and lane / 4 + 8 of its warp's 16).
+struct Sm80Rows {
+  float m[2];   // reference maximum, log2 units; -inf until the row sees a key
+  float l[2];   // this thread's part of the row sum (reduced over the quad at the end)
+};
+
+template <typename Cfg>
+struct Sm80Frags {
+  uint32_t q[Cfg::D_QK / 16][4];          // A operand of S, all of D_QK
+  float s[Cfg::BLOCK_N / 8][4];           // S / P accumulator (m16n8 tiles)
+  float o[Cfg::D_V / 8][4];               // O accumulator
+};
+
+// Q fragment of warp `warp` (rows 16 warp ..) from the shared tile into registers.
+template <typename Cfg>
+__device__ __forceinline__ void load_q_frags(Sm80Frags<Cfg>& f, uint32_t q_smem, int warp, int lane) {
+  const int row = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::D_QK / 16; ++kk) {
+    sm80::ldsm_x4(f.q[kk], q_smem + sm80::swz<Cfg::kQkChunks>(row, kk * 2 + lane / 16));
+  }
+}
+
+// S = Q K^T over the tile in k_smem.
+template <typename Cfg>
+__device__ __forceinline__ void compute_s(Sm80Frags<Cfg>& f, uint32_t k_smem, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < Cfg::BLOCK_N / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f.s[nt][e] = 0.f;
+  }
+  const int row = (lane % 8) + (lane / 16) * 8, chunk = (lane / 8) % 2;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::D_QK / 16; ++kk) {
+#pragma unroll
+    for (int np = 0; np < Cfg::BLOCK_N / 16; ++np) {
+      uint32_t b[4];
+      sm80::ldsm_x4(b, k_smem + sm80::swz<Cfg::kQkChunks>(np * 16 + row, kk * 2 + chunk));
+      sm80::Mma<typename Cfg::Element>::run(f.s[2 * np], f.q[kk], b[0], b[1]);
+      sm80::Mma<typename Cfg::Element>::run(f.s[2 * np + 1], f.q[kk], b[2], b[3]);
+    }
+  }
+}
+
+// -inf where key tok0 + column is not visible to the row (lim[h] for row lane / 4 + 8 h).
+template <typename Cfg>
+__device__ __forceinline__ void mask_s(Sm80Frags<Cfg>& f, int tok0, int lane, const int (&lim)[2]) {
+#pragma unroll
+  for (int nt = 0; nt < Cfg::BLOCK_N / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int tok = tok0 + nt * 8 + 2 * (lane % 4) + (e & 1);
+      if (tok >= lim[e >> 1]) f.s[nt][e] = -kInf;
+    }
+  }
+}
+
+// Online softmax of S in place (S becomes unnormalized P) and the O rescale (lazy, as sm_90a's).
+template <typename Cfg>
+__device__ __forceinline__ void softmax_rescale(Sm80Frags<Cfg>& f, Sm80Rows& st, float scale_log2) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -kInf;
+#pragma unroll
+    for (int nt = 0; nt < Cfg::BLOCK_N / 8; ++nt) mx = fmaxf(mx, fmaxf(f.s[nt][2 * h], f.s[nt][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx *= scale_log2;
+    const bool move = mx > st.m[h] + kLazyRescaleLog2;
+    const float m_new = move ? mx : st.m[h];
+    const float m_use = m_new == -kInf ? 0.f : m_new;
+    const float rescale = move ? ex2_approx(st.m[h] - m_use) : 1.f;
+    st.m[h] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < Cfg::BLOCK_N / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = f.s[nt][2 * h + e];
+        x = ex2_approx(fmaf(x, scale_log2, -m_use));
+        sum += x;
+      }
+    }
+    st.l[h] = st.l[h] * rescale + sum;
+    if (__any_sync(0xffffffffu, rescale != 1.f)) {
+#pragma unroll
+      for (int nt = 0; nt < Cfg::D_V / 8; ++nt) {
+        f.o[nt][2 * h] *= rescale;
+        f.o[nt][2 * h + 1] *= rescale;
+      }
+    }
+  }
+}
+
+// O += P V over the tile in v_smem; P repacked from S (two m16n8 tiles = one k16 A fragment).
+template <typename Cfg>
+__device__ __forceinline__ void compute_pv(Sm80Frags<Cfg>& f, uint32_t v_smem, int lane) {
+  using Element = typename Cfg::Element;
+  const int row = (lane % 8) + ((lane / 8) % 2) * 8, chunk = lane / 16;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::BLOCK_N / 16; ++kk) {
+    const uint32_t a[4] = {ElemTraits<Element>::pack2(f.s[2 * kk][0], f.s[2 * kk][1]),
+                           ElemTraits<Element>::pack2(f.s[2 * kk][2], f.s[2 * kk][3]),
+                           ElemTraits<Element>::pack2(f.s[2 * kk + 1][0], f.s[2 * kk + 1][1]),
+                           ElemTraits<Element>::pack2(f.s[2 * kk + 1][2], f.s[2 * kk + 1][3])};
+#pragma unroll
+    for (int np = 0; np < Cfg::D_V / 16; ++np) {
+      uint32_t b[4];
+      sm80::ldsm_x4_trans(b, v_smem + sm80::swz<Cfg::kVChunks>(kk * 16 + row, np * 2 + chunk));
+      sm80::Mma<Element>::run(f.o[2 * np], a, b[0], b[1]);
+      sm80::Mma<Element>::run(f.o[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// O / l to out (rows past the sequence dropped) and the natural-log LSE (+inf: no key seen).
+template <typename Cfg>
+__device__ __forceinline__ void store_rows(const PrefillParams& p, const TileWork& w, Sm80Frags<Cfg>& f,
+                                           Sm80Rows& st, int warp, int lane) {
+  using Element = typename Cfg::Element;
+  Element* out = static_cast<Element*>(p.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = st.l[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const bool seen = l > 0.f;
+    const float inv_l = seen ? rcp_approx(l) : 0.f;
+    const int r = w.m_block * Cfg::BLOCK_M + warp * 16 + lane / 4 + 8 * h;
+    if (r >= w.len_q || unsigned(w.q0 + r) >= unsigned(p.total_q)) continue;
+    Element* row = out + (long long)(w.q0 + r) * p.o_stride_t + (long long)w.head * p.o_stride_h + 2 * (lane % 4);
+#pragma unroll
+    for (int nt = 0; nt < Cfg::D_V / 8; ++nt) {
+      const uint32_t v = ElemTraits<Element>::pack2(f.o[nt][2 * h] * inv_l, f.o[nt][2 * h + 1] * inv_l);
+      *reinterpret_cast<uint32_t*>(row + nt * 8) = v;
+    }
+    if (p.lse != nullptr && lane % 4 == 0) {
+      p.lse[(long long)w.head * p.total_q + w.q0 + r] =
+          seen ? (st.m[h] + lg2_approx(l)) * 0.69314718055994530942f : kInf;
+    }
+  }
+}
+
+}  // namespace detail
+
+template <typename Cfg>
+__device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
+  using namespace detail;
+  using Element = typename Cfg::Element;
+  constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const TileWork w = tile_work<Cfg>(p);
+  if (w.m_block * BM >= w.len_q) return;   // the whole CTA: past this sequence's rows
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const uint32_t q_smem = sm80::smem_u32(smem_raw);
+  const uint32_t stages = q_smem + (Cfg::Q_ALIASES_KV ? 0 : Cfg::kQBytes);
+  const int kv_head = w.head / p.q_per_kv;
+  const Element* qg = static_cast<const Element*>(p.q) + (long long)(w.q0 + w.m_block * BM) * p.q_stride_t +
+                      (long long)w.head * p.q_stride_h;
+  const Element* kg = static_cast<const Element*>(p.k) + (long long)w.k0 * p.k_stride_t +
+                      (long long)kv_head * p.k_stride_h;
+  const Element* vg = static_cast<const Element*>(p.v) + (long long)w.k0 * p.v_stride_t +
+                      (long long)kv_head * p.v_stride_h;
+
+  auto load_kv = [&](int i) {   // the copies of walk step i (tile n_tiles - 1 - i) into stage i % NS
+    const int n = w.n_tiles - 1 - i;
+    const uint32_t stage = stages + (i % NS) * Cfg::kStageBytes;
+    const int rows = min(BN, w.len_k - n * BN);
+    copy_rows<Cfg, BN, Cfg::kQkChunks>(stage, kg + (long long)n * BN * p.k_stride_t, p.k_stride_t, rows, tid);
+    copy_rows<Cfg, BN, Cfg::kVChunks>(stage + Cfg::kKBytes, vg + (long long)n * BN * p.v_stride_t, p.v_stride_t,
+                                      rows, tid);
+  };
+
+  Sm80Frags<Cfg> f;
+  Sm80Rows st{{-kInf, -kInf}, {0.f, 0.f}};
+#pragma unroll
+  for (int nt = 0; nt < Cfg::D_V / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f.o[nt][e] = 0.f;
+  }
+  int lim[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = w.m_block * BM + warp * 16 + lane / 4 + 8 * h;
+    lim[h] = Cfg::CAUSAL ? min(w.len_k, w.len_k - w.len_q + r + 1) : w.len_k;
+  }
+
+  if (w.n_tiles > 0) {
+    copy_rows<Cfg, BM, Cfg::kQkChunks>(q_smem, qg, p.q_stride_t, min(BM, w.len_q - w.m_block * BM), tid);
+    sm80::cp_async_commit();
+    if constexpr (Cfg::Q_ALIASES_KV) {   // Q to registers before the stages overwrite it
+      sm80::cp_async_wait<0>();
+      __syncthreads();
+      load_q_frags<Cfg>(f, q_smem, warp, lane);
+      __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < NS - 1; ++i) {
+      if (i < w.n_tiles) load_kv(i);
+      sm80::cp_async_commit();   // (empty groups keep the count uniform)
+    }
+    if constexpr (!Cfg::Q_ALIASES_KV) {   // Q (the oldest group) to registers while K/V land
+      sm80::cp_async_wait<NS - 1>();
+      __syncthreads();
+      load_q_frags<Cfg>(f, q_smem, warp, lane);
+    }
+#pragma unroll 1
+    for (int i = 0; i < w.n_tiles; ++i) {
+      sm80::cp_async_wait<NS - 2>();   // this thread's copies of step i (and Q) landed
+      __syncthreads();                 // everyone's; and every warp is done with step i - 1's stage
+      if (i + NS - 1 < w.n_tiles) load_kv(i + NS - 1);
+      sm80::cp_async_commit();
+      const int n = w.n_tiles - 1 - i;
+      const uint32_t stage = stages + (i % NS) * Cfg::kStageBytes;
+      compute_s<Cfg>(f, stage, lane);
+      if (n >= w.mask_from) mask_s<Cfg>(f, n * BN, lane, lim);
+      softmax_rescale<Cfg>(f, st, p.scale_log2);
+      compute_pv<Cfg>(f, stage + Cfg::kKBytes, lane);
+    }
+    sm80::cp_async_wait<0>();
+  }
+  store_rows<Cfg>(p, w, f, st, warp, lane);
+}
+
+}  // namespace prefill
+}  // namespace mla_jit
