@@ -8,7 +8,9 @@ the peers run it sequence by sequence, as a caller without varlen would) and a c
 (2048 new tokens over 16384 context keys, non-causal, with lse; merge_attn_states of its result
 timed on its own in the same interleave; the peers return no lse).
 
-Usage: python3 bench/bench_prefill.py [--arch sm_80] [--rows N] [--json PATH]
+Usage: python3 bench/bench_prefill.py [--arch sm_80] [--rows N] [--json PATH] [--against-config SPEC]
+(--against-config 'prefill_sm80:...' also times that kernel config, through its own plan, in the
+same interleave: a tile-shape A/B.)
 """
 from __future__ import annotations
 
@@ -101,6 +103,25 @@ def _ours(lens_q, lens_k, h, causal, with_lse=False):
     return call, merge, (q, k, v)
 
 
+def _forced_plan_call(spec, lens_q, lens_k, h, causal, tensors):
+    """A call of our kernel with the config `spec` forced (a plan built around it), same inputs."""
+    import mla_jit  # noqa: F401
+    from mla_jit.runtimes import prefill_plan, registry
+    family_name = spec.split(":", 1)[0]
+    cfg = registry.get(family_name).config_from_spec(spec)
+    q, k, v = tensors
+    name = "sm80_prefill_config" if family_name == "prefill_sm80" else "prefill_config"
+    original = getattr(prefill_plan, name)
+    setattr(prefill_plan, name, lambda *a: cfg)
+    try:
+        plan = prefill_plan.PrefillPlan(q, k, v, causal)
+    finally:
+        setattr(prefill_plan, name, original)
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    out = torch.empty(q.shape[0], h, DV, dtype=q.dtype, device="cuda")
+    return lambda: plan.run(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), out, None, D ** -0.5)
+
+
 def _split(t, lens):
     out, s = [], 0
     for n in lens:
@@ -114,6 +135,7 @@ def main() -> None:
     ap.add_argument("--arch", help="MLA_JIT_ARCH for mla_jit (e.g. sm_80: the Ampere/Ada family on this GPU)")
     ap.add_argument("--rows", type=int, default=0, help="only the first N rows")
     ap.add_argument("--json")
+    ap.add_argument("--against-config", help="also time this kernel config (FAMILY:field=value,...)")
     args = ap.parse_args()
     if args.arch:
         os.environ["MLA_JIT_ARCH"] = args.arch
@@ -138,6 +160,8 @@ def main() -> None:
         variants = [(lambda: None, ours)] + [(lambda: None, fn) for fn in peers.values()]
         if merge is not None:
             variants.append((lambda: None, merge))
+        if args.against_config:
+            variants.append((lambda: None, _forced_plan_call(args.against_config, lq, lk, h, causal, (q, k, v))))
         times = time_interleaved(variants, flush)
         flops = _flops(lq, lk, h, causal)
         tf = [flops / (t * 1e-6) / 1e12 for t in times[:3]]
@@ -146,6 +170,9 @@ def main() -> None:
         if merge is not None:
             row["merge_us"] = times[3]
             note = f"  (+ merge_attn_states {times[3]:.1f} us)"
+        if args.against_config:
+            row["against_us"] = times[-1]
+            note += f"  (against config: {times[-1]:.1f} us, ours x {times[-1] / times[0]:.3f})"
         results.append(row)
         print(f"{name:44s} {times[0]:9.1f} {tf[0]:7.1f} {tf[1]:7.1f} {tf[2]:8.1f} {tf[0] / tf[1]:8.3f} "
               f"{tf[0] / tf[2]:10.3f}{note}", flush=True)

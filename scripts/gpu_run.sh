@@ -83,7 +83,8 @@ fi
 if [ -z "${SKIP_PREFILL_BENCH:-}" ]; then
   python3 bench/bench_prefill.py --json "$OUT/bench_prefill.json" 2>&1 | tee "$OUT/bench_prefill.log" | tail -n 12
   for arch in ${PREFILL_BENCH_ARCHS:-}; do  # e.g. "sm_80 sm_89": the mma.sync family on this GPU
-    python3 bench/bench_prefill.py --arch "$arch" --json "$OUT/bench_prefill_$arch.json" 2>&1 \
+    python3 bench/bench_prefill.py --arch "$arch" ${PREFILL_BENCH_ARGS:+$PREFILL_BENCH_ARGS} \
+      --json "$OUT/bench_prefill_$arch.json" 2>&1 \
       | tee "$OUT/bench_prefill_$arch.log" | tail -n 10
   done
 fi
