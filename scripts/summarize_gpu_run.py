@@ -1,6 +1,7 @@
 """The short table scripts/gpu_run.sh prints last: test outcome, decode ratios, host times.
 
-Usage: python scripts/summarize_gpu_run.py OUT_DIR (reads pytest.log and bench_decode*.json there).
+Usage: python scripts/summarize_gpu_run.py OUT_DIR (reads pytest.log, bench_decode*.json and
+bench_prefill*.json there).
 """
 from __future__ import annotations
 
@@ -36,6 +37,19 @@ def main(out: Path) -> None:
                   f"over {len(against)} rows, geomean {_geomean(against):.3f}"
                   + (f"; its host per warm call: decode {host['against_decode_call_us']:.1f} us"
                      if "against_decode_call_us" in host else ""))
+
+    _prefill_summary(out)
+
+def _prefill_summary(out: Path) -> None:
+    for path in sorted(out.glob("bench_prefill*.json")):
+        rows = json.loads(path.read_text())
+        if not rows:
+            continue
+        kernels = path.stem.removeprefix("bench_prefill").lstrip("_") or "native"
+        print(f"prefill ({kernels}): TFLOPS ours / x cuDNN / x flash with V padded to 192")
+        for r in rows:
+            print(f"  {r['row']:46s} {r['tflops']:6.1f}  {r['tflops'] / r['cudnn_tflops']:5.3f}  "
+                  f"{r['tflops'] / r['flash_pad_v_tflops']:5.3f}")
 
 
 def _geomean(values: list[float]) -> float:

@@ -226,7 +226,7 @@ def test_examples_are_not_prewarmed_by_default(monkeypatch):
     assert _families_of() == {"mla_metadata", "mla_decode_sm90", "merge_states", "prefill_sm90"}
     assert _families_of("--preset", "deepseek-v3") == {"mla_metadata", "mla_decode_sm90", "merge_states",
                                                         "prefill_sm90"}
-    assert _families_of("--arch", "sm_89") == {"mla_metadata", "mla_decode_sm80", "merge_states"}
+    assert _families_of("--arch", "sm_89") == {"mla_metadata", "mla_decode_sm80", "merge_states", "prefill_sm80"}
     assert _families_of("--op", "tile_copy") == {"tile_copy"}
     assert _families_of("--op", "wgmma_gemm", "--op", "get_mla_metadata") == {"wgmma_gemm", "mla_metadata"}
     assert _families_of("--config", TILE_COPY_SPEC) == {"tile_copy"}

@@ -52,10 +52,8 @@ def prefill_config(dtype: str, head_dim: int, head_dim_v: int, causal: bool, arc
     deeper = PrefillConfig(dtype, head_dim, head_dim_v, causal, num_stages=3)
     return deeper if deeper.smem_bytes <= SM90_SMEM_LIMIT else cfg
 
-# Dynamic shared memory a block may have, and an SM has, on the mma.sync family's tunings.
+# Dynamic shared memory a block may have on the mma.sync family's tunings.
 SM80_SMEM_LIMITS = {"sm_80": 166912, "sm_86": 101376, "sm_89": 101376}
-SM80_SMEM_PER_SM = {"sm_80": 167936, "sm_86": 102400, "sm_89": 102400}
-SM80_RESERVED_SMEM = 1024   # per resident block
 
 
 @dataclass(frozen=True)
@@ -73,13 +71,7 @@ class Sm80PrefillConfig:
     def __post_init__(self):
         check_fields(self, dtype=PREFILL_DTYPES, head_dim=tuple(sorted({d for d, _ in SUPPORTED_HEAD_DIMS})),
                      head_dim_v=tuple(sorted({dv for _, dv in SUPPORTED_HEAD_DIMS})), causal=(False, True),
-                     num_stages=(2, 3), q_aliases_kv=(False, True), block_m=(64, 128), block_n=(32, 64))
-
-    @property
-    def ctas_per_sm(self) -> int:
-        """Resident CTAs the kernel is built for (__launch_bounds__): two of 64 rows (4 warps, up to
-        255 registers each), whose tiles then overlap one another's softmax; one of 128 rows."""
-        return 2 if self.block_m == 64 else 1
+                     num_stages=(2, 3), q_aliases_kv=(False, True), block_m=(128,), block_n=(64,))
         if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
             from ..errors import InvalidArgumentError
             raise InvalidArgumentError("Sm80PrefillConfig.head_dim/head_dim_v",
@@ -96,14 +88,12 @@ class Sm80PrefillConfig:
 
 @functools.lru_cache(maxsize=None)
 def sm80_prefill_config(dtype: str, head_dim: int, head_dim_v: int, causal: bool, arch: Arch) -> Sm80PrefillConfig:
-    """Two resident 64-row CTAs where their shared memory fits the SM, else one of 128 rows; within
-    that, 64 keys a stage before 32, the deepest pipeline, Q in its own area (its load then overlaps
-    the first K/V tiles') before Q through the stages."""
-    block_limit, sm_limit = SM80_SMEM_LIMITS[arch.name], SM80_SMEM_PER_SM[arch.name]
-    for block_m, block_n in ((64, 64), (64, 32), (128, 64)):
-        for stages, alias in ((3, False), (2, False), (3, True), (2, True)):
-            cfg = Sm80PrefillConfig(dtype, head_dim, head_dim_v, causal, stages, alias, block_m, block_n)
-            if (cfg.smem_bytes <= block_limit
-                    and cfg.ctas_per_sm * (cfg.smem_bytes + SM80_RESERVED_SMEM) <= sm_limit):
-                return cfg
-    raise AssertionError(f"no prefill tile fits {arch.name}")   # (128 x 64, 2 aliased stages fits every arch)
+    """The deepest pipeline that fits the arch's shared memory, preferring Q in its own area (its
+    load then overlaps the first K/V tiles') at equal depth. (Two 64-row CTAs an SM lost to one of
+    128 rows on the H200: bench/NOTES.md.)"""
+    limit = SM80_SMEM_LIMITS[arch.name]
+    for stages, alias in ((3, False), (2, False), (3, True), (2, True)):
+        cfg = Sm80PrefillConfig(dtype, head_dim, head_dim_v, causal, stages, alias)
+        if cfg.smem_bytes <= limit:
+            return cfg
+    raise AssertionError(f"no prefill tile fits {arch.name}")   # (2 aliased stages fit every head dim)

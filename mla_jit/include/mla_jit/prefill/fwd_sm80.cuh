@@ -2,8 +2,7 @@
 // mma.sync m16n8k16 + ldmatrix + cp.async, v head dim native (no padding to D_QK).
 //
 // Grid (ceil(max_seqlen_q / BLOCK_M) * h, b) in the tile order of common.cuh, block 32 * BLOCK_M /
-// 16 threads: warp w owns query rows 16 w .. 16 w + 15 of the CTA's BLOCK_M. BLOCK_M = 64 runs two
-// CTAs an SM: each syncs its warps every KV tile, and the other CTA's MMAs fill its softmax. Its Q fragment lives
+// 16 threads: warp w owns query rows 16 w .. 16 w + 15 of the CTA's BLOCK_M. Its Q fragment lives
 // in registers for the whole CTA (D_QK / 16 x 4 words), S (16 x BLOCK_N) and O (16 x D_V) are
 // fp32 accumulators, P is repacked from S in registers as the A operand of P V.
 //
@@ -38,8 +37,6 @@ struct PrefillSm80Config {
   static constexpr bool CAUSAL = CAUSAL_, Q_ALIASES_KV = Q_ALIASES_KV_;
   static constexpr int kWarps = BLOCK_M / 16;
   static constexpr int NUM_THREADS = 32 * kWarps;
-  // Resident CTAs per SM (__launch_bounds__): two 4-warp CTAs interleave their softmax and MMAs.
-  static constexpr int kMinBlocksPerSm = BLOCK_M == 64 ? 2 : 1;
   static constexpr int kQkChunks = D_QK / 8, kVChunks = D_V / 8;   // 16-byte chunks of a row
   static constexpr int kQBytes = BLOCK_M * D_QK * 2;
   static constexpr int kKBytes = BLOCK_N * D_QK * 2;
@@ -65,7 +62,7 @@ namespace detail {
 template <typename Cfg, int kRows, int kChunks>
 __device__ __forceinline__ void copy_rows(uint32_t dst, const typename Cfg::Element* src, long long stride,
                                           int valid_rows, int tid) {
-#pragma unroll 2   // (fully unrolled, the addresses stay live across the tile's MMAs: spills at 64 rows)
+#pragma unroll
   for (int it = 0; it < kRows * kChunks / Cfg::NUM_THREADS; ++it) {
     const int idx = it * Cfg::NUM_THREADS + tid;
     const int r = idx / kChunks, c = idx % kChunks;
