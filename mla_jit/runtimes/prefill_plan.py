@@ -52,6 +52,11 @@ def _l2_bytes(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).L2_cache_size
 
 
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 class PrefillPlan:
     """What a layout needs beyond its lengths and pointers: the kernel, its launch and the sizes."""
 
@@ -103,11 +108,12 @@ class PrefillPlan:
             out.data_ptr(), 0 if lse is None else lse.data_ptr(), cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
             out.stride(0), out.stride(1), b, self.num_heads, self.q_per_kv, total_q, m_blocks,
             scale * _LOG2E, scale, section)
-        grid = (m_blocks * self.num_heads, b, 1)
         stream = current_stream(self.device_index)
         if not self.tma:
-            self.launch(stream, params, grid=grid)
+            self.launch(stream, params, grid=(m_blocks * self.num_heads, b, 1))
             return
+        # Persistent: one CTA an SM (fewer when there are fewer tiles), each striding over the tiles.
+        grid = (min(b * m_blocks * self.num_heads, _num_sms(self.device_index)), 1, 1)
         q_desc = descriptor(q, 64)
         if k.shape[0] == 0:   # no keys at all: no tile is loaded, but a descriptor needs a non-empty tensor
             k_desc = v_desc = q_desc

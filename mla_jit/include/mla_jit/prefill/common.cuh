@@ -1,5 +1,5 @@
 // mla_jit prefill: what both kernel families (fwd_sm90.cuh, fwd_sm80.cuh) share: the parameters
-// and the work of a CTA (which sequence, head and row tile, which KV tiles).
+// and the work of a tile (which sequence, head and row block, which KV tiles).
 //
 // Tile order (tile_work): heads are cut into sections of heads_per_section heads whose K and V fit
 // in about half the L2 together; a section's tiles run before the next section's, its row tiles
@@ -36,7 +36,7 @@ static_assert(sizeof(PrefillParams) == 152, "PrefillParams layout");
 
 namespace detail {
 
-// The work of one CTA: a 128-row tile of one head of one sequence, and the KV tiles it visits.
+// The work of one tile: BLOCK_M rows of one head of one sequence, and the KV tiles it visits.
 struct TileWork {
   int head;        // query head
   int q0, len_q;   // first token of the sequence in q / out, its length
@@ -46,15 +46,15 @@ struct TileWork {
   int mask_from;   // tiles n >= mask_from need the causal / sequence-end mask
 };
 
+// Tile t (0 .. num_m_blocks * h - 1, in the order above) of sequence bi.
 template <typename Cfg>
-__device__ __forceinline__ TileWork tile_work(const PrefillParams& p) {
+__device__ __forceinline__ TileWork tile_work(const PrefillParams& p, int t, int bi) {
   TileWork w;
-  const int bi = blockIdx.y;
   w.q0 = p.cu_seqlens_q[bi];
   w.len_q = p.cu_seqlens_q[bi + 1] - w.q0;
   w.k0 = p.cu_seqlens_k[bi];
   w.len_k = p.cu_seqlens_k[bi + 1] - w.k0;
-  const int t = blockIdx.x, per_section = p.heads_per_section * p.num_m_blocks;
+  const int per_section = p.heads_per_section * p.num_m_blocks;
   const int section = t / per_section, in_section = t - section * per_section;
   const int heads = min(p.heads_per_section, p.h - section * p.heads_per_section);   // the last one is short
   w.head = section * p.heads_per_section + in_section % heads;

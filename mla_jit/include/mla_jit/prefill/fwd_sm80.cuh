@@ -223,7 +223,7 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
   using Element = typename Cfg::Element;
   constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  const TileWork w = tile_work<Cfg>(p);
+  const TileWork w = tile_work<Cfg>(p, blockIdx.x, blockIdx.y);
   if (w.m_block * BM >= w.len_q) return;   // the whole CTA: past this sequence's rows
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const uint32_t q_smem = sm80::smem_u32(smem_raw);

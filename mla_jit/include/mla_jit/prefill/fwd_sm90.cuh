@@ -1,8 +1,10 @@
 // mla_jit prefill: varlen attention forward for sm_90a with q/k head dim D_QK and v head dim D_V
 // (DeepSeek's MHA-mode prefill: 192 / 128), causal aligned bottom-right, natural-log LSE.
 //
-// Grid (ceil(max_seqlen_q / BLOCK_M) * h, b), block 128 * (1 + BLOCK_M / 64) threads, 1 CTA / SM.
-// Tile order: prefill/common.cuh (tile_work).
+// Persistent: grid (min(tiles, SMs)), block 128 * (1 + BLOCK_M / 64) threads, 1 CTA / SM. CTA c
+// takes tiles c, c + gridDim.x, ... of the b * num_m_blocks * h tiles (batch-major, then the tile
+// order of common.cuh), so the producer loads the next tile's Q and first K / V tiles while the
+// consumers finish the current one (last P V, epilogue).
 //
 // Roles (warp specialization): warp 0 of WG0 is the TMA producer (registers dropped to
 // kRegsProducer); WG1 .. WG(BLOCK_M / 64) are consumers, each owning 64 query rows: S (64 x
@@ -15,12 +17,14 @@
 //   tile i > 0:  issue S_i = Q K_i^T; issue O += P_{i-1} V_{i-1}; wait S_i; release K_i;
 //                softmax of S_i (overlaps the P V wgmma); wait P V; release V_{i-1}; rescale O;
 //                P_i = S_i as Element
-//   after:       O += P_last V_last; O /= l; lse; O through shared memory to out.
+//   after:       O += P_last V_last; O /= l; lse; O from registers to out (store_output).
 // The row maximum moves lazily (kLazyRescaleLog2): O is rescaled only when some row of the warp
 // gained more than 2^8, which after the first tiles is almost never.
 //
-// Synchronization (mbarriers; stage s = i % NUM_STAGES, phase (i / NUM_STAGES) & 1):
-//   q_full        count 1 + tx: the producer's expect_tx, then Q's boxes land.
+// Synchronization (mbarriers; KV stage s = i % NUM_STAGES, phase (i / NUM_STAGES) & 1, i counting
+// the CTA's KV tiles over all its tiles; Q phase = the CTA's tile count & 1):
+//   q_full[w]     count 1 + tx: the producer's expect_tx, then consumer warpgroup w's Q boxes land.
+//   q_empty[w]    count 1: warpgroup w's last S wgmma of a tile retired (Q may be overwritten).
 //   k_full[s]     count 1 + tx; k_empty[s] count kWgMma: one thread per consumer warpgroup
 //                 after its S wgmma retired (wgmma.wait), so the producer may overwrite K.
 //   v_full[s], v_empty[s]: the same for V (released after the P V wgmma retired).
@@ -73,19 +77,18 @@ struct PrefillSm90Config {
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
 
   struct SharedStorage {
-    alignas(1024) Element q[kWgMma][64 * D_QK];   // reused for the O epilogue (64 x D_V <= 64 x D_QK)
+    alignas(1024) Element q[kWgMma][64 * D_QK];
     alignas(1024) Element k[NUM_STAGES][BLOCK_N * D_QK];
     alignas(1024) Element v[NUM_STAGES][BLOCK_N * D_V];
-    alignas(8) uint64_t q_full;
+    alignas(8) uint64_t q_full[kWgMma], q_empty[kWgMma];
     uint64_t k_full[NUM_STAGES], k_empty[NUM_STAGES], v_full[NUM_STAGES], v_empty[NUM_STAGES];
   };
-  static_assert(D_V <= D_QK, "the O epilogue reuses a warpgroup's Q tile");
   static constexpr int kSmemBytes = Sm90SmemSize<SharedStorage>::kBytes;
 
   // setmaxnreg: 128 x (24 + 2 x 240) = 64512 <= 65536 (__launch_bounds__(384, 1) allocates 168 each).
   static constexpr int kRegsProducer = 24;
   static constexpr int kRegsMma = 240;
-  static constexpr unsigned kQBytes = BLOCK_M * D_QK * sizeof(Element);
+  static constexpr unsigned kQBytesWg = 64 * D_QK * sizeof(Element);   // one consumer warpgroup's Q
   static constexpr unsigned kKBytes = BLOCK_N * D_QK * sizeof(Element);
   static constexpr unsigned kVBytes = BLOCK_N * D_V * sizeof(Element);
 };
@@ -97,41 +100,59 @@ constexpr int kBarConsumerBase = 1;
 
 // ---- Producer (one thread) ----
 
+// The CTA's tiles: t = blockIdx.x, blockIdx.x + gridDim.x, ... over b * num_m_blocks * h; fn(w) for
+// each tile with rows (both roles skip the same ones).
+template <typename Cfg, typename Fn>
+__device__ __forceinline__ void for_each_tile(const PrefillParams& p, Fn&& fn) {
+  const int per_batch = p.num_m_blocks * p.h, total = p.b * per_batch;
+#pragma unroll 1
+  for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    const int bi = t / per_batch;
+    const TileWork w = tile_work<Cfg>(p, t - bi * per_batch, bi);
+    if (w.m_block * Cfg::BLOCK_M < w.len_q) fn(w);
+  }
+}
+
 template <typename Cfg>
-__device__ __forceinline__ void producer(typename Cfg::SharedStorage& ss, const PrefillParams& p, const TileWork& w,
+__device__ __forceinline__ void producer(typename Cfg::SharedStorage& ss, const PrefillParams& p,
                                          const TmaDescriptor* q_desc, const TmaDescriptor* k_desc,
                                          const TmaDescriptor* v_desc) {
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
-  const int head = w.head, kv_head = head / p.q_per_kv;
   const uint64_t q_policy = l2_evict_first_policy();   // each Q tile is read by one CTA
   const uint64_t kv_policy = l2_evict_last_policy();   // K / V tiles are read by every row tile of a head
-  mbarrier_arrive_expect_tx(&ss.q_full, Cfg::kQBytes);
+  uint32_t q_iter = 0, kv_iter = 0;
+  for_each_tile<Cfg>(p, [&](const TileWork& w) {
+    const int kv_head = w.head / p.q_per_kv;
 #pragma unroll
-  for (int wg = 0; wg < Cfg::kWgMma; ++wg) {
+    for (int wg = 0; wg < Cfg::kWgMma; ++wg) {
+      mbarrier_wait(&ss.q_empty[wg], (q_iter & 1) ^ 1);   // a fresh barrier counts as freed
+      mbarrier_arrive_expect_tx(&ss.q_full[wg], Cfg::kQBytesWg);
 #pragma unroll
-    for (int c = 0; c < Cfg::D_QK / 64; ++c) {
-      tma_load_3d_hint(ss.q[wg] + c * 64 * 64, q_desc, &ss.q_full, c * 64, head,
-                       w.q0 + w.m_block * Cfg::BLOCK_M + wg * 64, q_policy);
+      for (int c = 0; c < Cfg::D_QK / 64; ++c) {
+        tma_load_3d_hint(ss.q[wg] + c * 64 * 64, q_desc, &ss.q_full[wg], c * 64, w.head,
+                         w.q0 + w.m_block * Cfg::BLOCK_M + wg * 64, q_policy);
+      }
     }
-  }
+    ++q_iter;
 #pragma unroll 1
-  for (int i = 0; i < w.n_tiles; ++i) {
-    const int n = w.n_tiles - 1 - i, s = i % NS;
-    const uint32_t free_phase = ((i / NS) & 1) ^ 1;   // a fresh barrier counts as freed
-    const int tok = w.k0 + n * BN;
-    mbarrier_wait(&ss.k_empty[s], free_phase);
-    mbarrier_arrive_expect_tx(&ss.k_full[s], Cfg::kKBytes);
+    for (int i = 0; i < w.n_tiles; ++i, ++kv_iter) {
+      const int n = w.n_tiles - 1 - i, s = kv_iter % NS;
+      const uint32_t free_phase = ((kv_iter / NS) & 1) ^ 1;
+      const int tok = w.k0 + n * BN;
+      mbarrier_wait(&ss.k_empty[s], free_phase);
+      mbarrier_arrive_expect_tx(&ss.k_full[s], Cfg::kKBytes);
 #pragma unroll
-    for (int c = 0; c < Cfg::D_QK / 64; ++c) {
-      tma_load_3d_hint(ss.k[s] + c * BN * 64, k_desc, &ss.k_full[s], c * 64, kv_head, tok, kv_policy);
-    }
-    mbarrier_wait(&ss.v_empty[s], free_phase);
-    mbarrier_arrive_expect_tx(&ss.v_full[s], Cfg::kVBytes);
+      for (int c = 0; c < Cfg::D_QK / 64; ++c) {
+        tma_load_3d_hint(ss.k[s] + c * BN * 64, k_desc, &ss.k_full[s], c * 64, kv_head, tok, kv_policy);
+      }
+      mbarrier_wait(&ss.v_empty[s], free_phase);
+      mbarrier_arrive_expect_tx(&ss.v_full[s], Cfg::kVBytes);
 #pragma unroll
-    for (int c = 0; c < Cfg::D_V / 64; ++c) {
-      tma_load_3d_hint(ss.v[s] + c * BN * 64, v_desc, &ss.v_full[s], c * 64, kv_head, tok, kv_policy);
+      for (int c = 0; c < Cfg::D_V / 64; ++c) {
+        tma_load_3d_hint(ss.v[s] + c * BN * 64, v_desc, &ss.v_full[s], c * 64, kv_head, tok, kv_policy);
+      }
     }
-  }
+  });
 }
 
 // ---- Consumer warpgroups ----
@@ -245,16 +266,16 @@ __device__ __forceinline__ void zero_v_tail(typename Cfg::SharedStorage& ss, int
   named_barrier_sync(kBarConsumerBase + wg, 128);
 }
 
-// O / l as Element through this warpgroup's (no longer read) Q tile to out, 16 B per store, and
-// the natural-log LSE (+inf for a row that saw no key; its O is 0).
+// O / l as Element straight from registers to out (each thread: 4 bytes per 8-column group of its
+// two rows; shared memory stays free for the next tile's Q), and the natural-log LSE (+inf for a
+// row that saw no key; its O is 0).
 template <typename Cfg, typename FragO>
-__device__ __forceinline__ void store_output(typename Cfg::SharedStorage& ss, const PrefillParams& p,
-                                             const TileWork& w, int wg, int tw, FragO& o, RowState& st,
-                                             bool any_tile) {
+__device__ __forceinline__ void store_output(const PrefillParams& p, const TileWork& w, int wg, int tw, FragO& o,
+                                             const RowState& st, bool any_tile) {
   using Element = typename Cfg::Element;
-  constexpr int DV = Cfg::D_V;
   const int row0 = 16 * (tw / 32) + (tw % 32) / 4;
   const int tile_row0 = w.m_block * Cfg::BLOCK_M + wg * 64;   // row of the sequence at local row 0
+  Element* out = static_cast<Element*>(p.out);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = st.l[h];
@@ -262,42 +283,26 @@ __device__ __forceinline__ void store_output(typename Cfg::SharedStorage& ss, co
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const bool seen = any_tile && l > 0.f;
     const float inv_l = rcp_approx(l);
-#pragma unroll
-    for (int j = 0; j < cute::size(o) / 4; ++j) {   // a select: O is garbage when no tile ran
-      o(j * 4 + h * 2) = seen ? o(j * 4 + h * 2) * inv_l : 0.f;
-      o(j * 4 + h * 2 + 1) = seen ? o(j * 4 + h * 2 + 1) * inv_l : 0.f;
-    }
     const int r = tile_row0 + row0 + 8 * h;
-    if (p.lse != nullptr && tw % 4 == 0 && r < w.len_q && unsigned(w.q0 + r) < unsigned(p.total_q)) {
+    if (r >= w.len_q || unsigned(w.q0 + r) >= unsigned(p.total_q)) continue;
+    if (p.lse != nullptr && tw % 4 == 0) {
       const float lse2 = st.m[h] + lg2_approx(l);
       p.lse[(long long)w.head * p.total_q + w.q0 + r] = seen ? lse2 * 0.69314718055994530942f : kInf;
     }
-  }
-  const uint32_t tile = smem_addr(ss.q[wg]);
-  named_barrier_sync(kBarConsumerBase + wg, 128);   // every warp's S wgmmas (Q's readers) retired
-  store_acc_sw128_stsm<Element, 64>(tile, tw, o);
-  named_barrier_sync(kBarConsumerBase + wg, 128);
-  constexpr int kChunks = DV / 8;   // 16 B chunks per row
-  Element* out = static_cast<Element*>(p.out);
+    Element* row = out + (long long)(w.q0 + r) * p.o_stride_t + (long long)w.head * p.o_stride_h + 2 * (tw % 4);
 #pragma unroll
-  for (int idx = tw; idx < 64 * kChunks; idx += 128) {
-    const int lr = idx / kChunks, c = idx % kChunks;
-    const int r = tile_row0 + lr;
-    if (r < w.len_q && unsigned(w.q0 + r) < unsigned(p.total_q)) {
-      uint4 v;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(tile + sw128_offset<64>(lr, c * 8)));
-      Element* dst = out + (long long)(w.q0 + r) * p.o_stride_t + (long long)w.head * p.o_stride_h + c * 8;
-      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                   : "memory");
+    for (int j = 0; j < cute::size(o) / 4; ++j) {   // selects: O is garbage when no tile ran
+      const float a = seen ? o(j * 4 + h * 2) * inv_l : 0.f, b = seen ? o(j * 4 + h * 2 + 1) * inv_l : 0.f;
+      *reinterpret_cast<uint32_t*>(row + j * 8) = ElemTraits<Element>::pack2(a, b);
     }
   }
 }
 
+// One tile of consumer warpgroup wg. kv_iter: the CTA's KV tiles before this one (stage and phase
+// of its first); q_phase: the parity of the CTA's tiles before this one.
 template <typename Cfg>
-__device__ __forceinline__ void consumer(typename Cfg::SharedStorage& ss, const PrefillParams& p, const TileWork& w,
-                                         int wg) {
+__device__ __forceinline__ void consumer_tile(typename Cfg::SharedStorage& ss, const PrefillParams& p,
+                                              const TileWork& w, int wg, uint32_t kv_iter, uint32_t q_phase) {
   using namespace cute;
   using Element = typename Cfg::Element;
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
@@ -321,27 +326,35 @@ __device__ __forceinline__ void consumer(typename Cfg::SharedStorage& ss, const 
   const int tail_rows = w.len_k - (w.n_tiles - 1) * BN;   // valid rows of tile n_tiles - 1
   RowState st{{-kInf, -kInf}, {0.f, 0.f}};
   float rescale[2];
+  auto stage = [&](int i) { return int((kv_iter + i) % NS); };
+  auto phase = [&](int i) { return uint32_t(((kv_iter + i) / NS) & 1); };
 
-  mbarrier_wait(&ss.q_full, 0);
+  mbarrier_wait(&ss.q_full[wg], q_phase);
   if (w.n_tiles > 0) {
     // Tile n_tiles - 1 (i = 0).
-    mbarrier_wait(&ss.k_full[0], 0);
-    issue_s<Cfg>(ss, wg, 0, tw, tSrS);
+    mbarrier_wait(&ss.k_full[stage(0)], phase(0));
+    issue_s<Cfg>(ss, wg, stage(0), tw, tSrS);
     warpgroup_wait<0>();
-    if (tw == 0) mbarrier_arrive(&ss.k_empty[0]);
+    if (tw == 0) {
+      mbarrier_arrive(&ss.k_empty[stage(0)]);
+      if (w.n_tiles == 1) mbarrier_arrive(&ss.q_empty[wg]);
+    }
     mask_invisible(tSrS, (w.n_tiles - 1) * BN, col_lane, lim);
     softmax_tile(tSrS, st, p.scale_log2, rescale);
     convert_p<Element>(tSrS, tOrP);
 #pragma unroll 1
     for (int i = 1; i < w.n_tiles; ++i) {
-      const int n = w.n_tiles - 1 - i, s = i % NS, sp = (i - 1) % NS;
-      mbarrier_wait(&ss.k_full[s], (i / NS) & 1);
+      const int n = w.n_tiles - 1 - i, s = stage(i), sp = stage(i - 1);
+      mbarrier_wait(&ss.k_full[s], phase(i));
       issue_s<Cfg>(ss, wg, s, tw, tSrS);
-      mbarrier_wait(&ss.v_full[sp], ((i - 1) / NS) & 1);
+      mbarrier_wait(&ss.v_full[sp], phase(i - 1));
       if (i == 1 && tail_rows < BN) zero_v_tail<Cfg>(ss, sp, tail_rows, tw, wg);
       issue_pv<Cfg>(ss, sp, tw, tOrP, tOrO, i == 1);
       warpgroup_wait<1>();   // S_i retired (groups retire in order)
-      if (tw == 0) mbarrier_arrive(&ss.k_empty[s]);
+      if (tw == 0) {
+        mbarrier_arrive(&ss.k_empty[s]);
+        if (i == w.n_tiles - 1) mbarrier_arrive(&ss.q_empty[wg]);   // the tile's last S: Q is free
+      }
       if (n >= w.mask_from) mask_invisible(tSrS, n * BN, col_lane, lim);
       softmax_tile(tSrS, st, p.scale_log2, rescale);
       warpgroup_wait<0>();   // P V of tile i - 1 retired: P's registers and V_{i-1} are free
@@ -349,14 +362,26 @@ __device__ __forceinline__ void consumer(typename Cfg::SharedStorage& ss, const 
       rescale_o(tOrO, rescale);
       convert_p<Element>(tSrS, tOrP);
     }
-    const int i = w.n_tiles - 1, s = i % NS;
-    mbarrier_wait(&ss.v_full[s], (i / NS) & 1);
+    const int i = w.n_tiles - 1, s = stage(i);
+    mbarrier_wait(&ss.v_full[s], phase(i));
     if (i == 0 && tail_rows < BN) zero_v_tail<Cfg>(ss, s, tail_rows, tw, wg);
     issue_pv<Cfg>(ss, s, tw, tOrP, tOrO, i == 0);
     warpgroup_wait<0>();
     if (tw == 0) mbarrier_arrive(&ss.v_empty[s]);
+  } else if (tw == 0) {
+    mbarrier_arrive(&ss.q_empty[wg]);   // no key: Q unused
   }
-  store_output<Cfg>(ss, p, w, wg, tw, tOrO, st, w.n_tiles > 0);
+  store_output<Cfg>(p, w, wg, tw, tOrO, st, w.n_tiles > 0);
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void consumer(typename Cfg::SharedStorage& ss, const PrefillParams& p, int wg) {
+  uint32_t q_iter = 0, kv_iter = 0;
+  for_each_tile<Cfg>(p, [&](const TileWork& w) {
+    consumer_tile<Cfg>(ss, p, w, wg, kv_iter, q_iter & 1);
+    kv_iter += w.n_tiles;
+    ++q_iter;
+  });
 }
 
 }  // namespace detail
@@ -366,15 +391,17 @@ __device__ __forceinline__ void prefill_fwd_body(const PrefillParams& p, const T
                                                  const TmaDescriptor* k_desc, const TmaDescriptor* v_desc) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using SS = typename Cfg::SharedStorage;
-  const detail::TileWork w = detail::tile_work<Cfg>(p);
-  if (w.m_block * Cfg::BLOCK_M >= w.len_q) return;   // the whole CTA: past this sequence's rows
   SS& ss = aligned_shared_storage<SS>(smem_raw);
   const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
   if (threadIdx.x == 0) {
     prefetch_tma_descriptor(q_desc);
     prefetch_tma_descriptor(k_desc);
     prefetch_tma_descriptor(v_desc);
-    mbarrier_init(&ss.q_full, 1);
+#pragma unroll
+    for (int wg = 0; wg < Cfg::kWgMma; ++wg) {
+      mbarrier_init(&ss.q_full[wg], 1);
+      mbarrier_init(&ss.q_empty[wg], 1);
+    }
 #pragma unroll
     for (int s = 0; s < Cfg::NUM_STAGES; ++s) {
       mbarrier_init(&ss.k_full[s], 1);
@@ -387,10 +414,10 @@ __device__ __forceinline__ void prefill_fwd_body(const PrefillParams& p, const T
   __syncthreads();
   if (warp < 4) {
     setmaxnreg_dec<Cfg::kRegsProducer>();
-    if (warp == 0 && cute::elect_one_sync()) detail::producer<Cfg>(ss, p, w, q_desc, k_desc, v_desc);
+    if (warp == 0 && cute::elect_one_sync()) detail::producer<Cfg>(ss, p, q_desc, k_desc, v_desc);
   } else {
     setmaxnreg_inc<Cfg::kRegsMma>();
-    detail::consumer<Cfg>(ss, p, w, warp / 4 - 1);
+    detail::consumer<Cfg>(ss, p, warp / 4 - 1);
   }
 }
 
