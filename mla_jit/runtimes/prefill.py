@@ -12,9 +12,9 @@ from .base import KernelFamily
 from .registry import register
 
 # C layout of prefill/common.cuh's PrefillParams (q, k, v and their strides; out, lse, cu_seqlens;
-# out strides; 5 ints, 2 floats, 1 int).
-PREFILL_PARAMS = struct.Struct("<3Q6q4Q2q5i2fi")
-assert PREFILL_PARAMS.size == 152
+# out strides; 5 ints, 2 floats, 1 int; the tile counter).
+PREFILL_PARAMS = struct.Struct("<3Q6q4Q2q5i2fiQ")
+assert PREFILL_PARAMS.size == 160
 
 
 @register

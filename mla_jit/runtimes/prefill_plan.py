@@ -103,11 +103,14 @@ class PrefillPlan:
         # Heads whose K / V (of the longest sequence) share half the L2: the tile order's sections.
         kv_head_bytes = max(1, min(max_seqlen_k, k.shape[0]) * self.kv_row_bytes)
         section = min(self.num_heads, max(1, self.l2_budget // kv_head_bytes) * self.q_per_kv)
+        # sm_90a's dynamic tile scheduler: {next tile, CTAs done}, zero at launch (the kernel zeroes it
+        # again at its end, but a counter per call keeps concurrent calls on other streams apart).
+        counter = torch.zeros(2, dtype=torch.int32, device=q.device) if self.tma else None
         params = PREFILL_PARAMS.pack(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
             out.data_ptr(), 0 if lse is None else lse.data_ptr(), cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
             out.stride(0), out.stride(1), b, self.num_heads, self.q_per_kv, total_q, m_blocks,
-            scale * _LOG2E, scale, section)
+            scale * _LOG2E, scale, section, 0 if counter is None else counter.data_ptr())
         stream = current_stream(self.device_index)
         if not self.tma:
             self.launch(stream, params, grid=(m_blocks * self.num_heads, b, 1))
@@ -120,3 +123,4 @@ class PrefillPlan:
         else:
             k_desc, v_desc = descriptor(k, self.block_n), descriptor(v, self.block_n)
         self.launch(stream, params, q_desc, k_desc, v_desc, grid=grid)
+        del counter   # (graph capture) freed only now: later captured work may reuse the block

@@ -31,8 +31,9 @@ struct PrefillParams {
   float scale_log2;          // softmax scale * log2(e)
   float scale;               // softmax scale (natural)
   int heads_per_section;     // the tile order's head sections (see above), >= 1
+  int* tile_counter;         // sm_90a: {next tile, CTAs done}, zero at launch (the dynamic scheduler)
 };
-static_assert(sizeof(PrefillParams) == 152, "PrefillParams layout");
+static_assert(sizeof(PrefillParams) == 160, "PrefillParams layout");
 
 namespace detail {
 

@@ -1,10 +1,13 @@
 // mla_jit prefill: varlen attention forward for sm_90a with q/k head dim D_QK and v head dim D_V
 // (DeepSeek's MHA-mode prefill: 192 / 128), causal aligned bottom-right, natural-log LSE.
 //
-// Persistent: grid (min(tiles, SMs)), block 128 * (1 + BLOCK_M / 64) threads, 1 CTA / SM. CTA c
-// takes tiles c, c + gridDim.x, ... of the b * num_m_blocks * h tiles (batch-major, then the tile
-// order of common.cuh), so the producer loads the next tile's Q and first K / V tiles while the
-// consumers finish the current one (last P V, epilogue).
+// Persistent: grid (min(tiles, SMs)), block 128 * (1 + BLOCK_M / 64) threads, 1 CTA / SM. The
+// b * num_m_blocks * h tiles (batch-major, then the order of prefill/common.cuh) are handed out
+// dynamically: CTA c starts with tile c, its producer thread takes the next one from
+// tile_counter (atomicAdd) while the current one loads, and passes it to the consumers through a
+// two-slot mailbox in shared memory. So a CTA loads the next tile's Q and first K / V tiles while
+// its consumers finish the current one (last P V, epilogue), and long and short (causal) tiles
+// spread over the SMs as they finish. The last CTA to finish zeroes the counter again.
 //
 // Roles (warp specialization): warp 0 of WG0 is the TMA producer (registers dropped to
 // kRegsProducer); WG1 .. WG(BLOCK_M / 64) are consumers, each owning 64 query rows: S (64 x
@@ -25,6 +28,8 @@
 // the CTA's KV tiles over all its tiles; Q phase = the CTA's tile count & 1):
 //   q_full[w]     count 1 + tx: the producer's expect_tx, then consumer warpgroup w's Q boxes land.
 //   q_empty[w]    count 1: warpgroup w's last S wgmma of a tile retired (Q may be overwritten).
+//   tile_full[m]  count 1: the producer wrote the tile index into mailbox slot m.
+//   tile_empty[m] count 128 * kWgMma: every consumer thread read it.
 //   k_full[s]     count 1 + tx; k_empty[s] count kWgMma: one thread per consumer warpgroup
 //                 after its S wgmma retired (wgmma.wait), so the producer may overwrite K.
 //   v_full[s], v_empty[s]: the same for V (released after the P V wgmma retired).
@@ -82,6 +87,8 @@ struct PrefillSm90Config {
     alignas(1024) Element v[NUM_STAGES][BLOCK_N * D_V];
     alignas(8) uint64_t q_full[kWgMma], q_empty[kWgMma];
     uint64_t k_full[NUM_STAGES], k_empty[NUM_STAGES], v_full[NUM_STAGES], v_empty[NUM_STAGES];
+    uint64_t tile_full[2], tile_empty[2];
+    int tile[2];   // the mailbox: tile index (>= the tile count: no more work)
   };
   static constexpr int kSmemBytes = Sm90SmemSize<SharedStorage>::kBytes;
 
@@ -100,17 +107,11 @@ constexpr int kBarConsumerBase = 1;
 
 // ---- Producer (one thread) ----
 
-// The CTA's tiles: t = blockIdx.x, blockIdx.x + gridDim.x, ... over b * num_m_blocks * h; fn(w) for
-// each tile with rows (both roles skip the same ones).
-template <typename Cfg, typename Fn>
-__device__ __forceinline__ void for_each_tile(const PrefillParams& p, Fn&& fn) {
-  const int per_batch = p.num_m_blocks * p.h, total = p.b * per_batch;
-#pragma unroll 1
-  for (int t = blockIdx.x; t < total; t += gridDim.x) {
-    const int bi = t / per_batch;
-    const TileWork w = tile_work<Cfg>(p, t - bi * per_batch, bi);
-    if (w.m_block * Cfg::BLOCK_M < w.len_q) fn(w);
-  }
+// Tile t of the b * num_m_blocks * h (batch-major).
+template <typename Cfg>
+__device__ __forceinline__ TileWork tile_of(const PrefillParams& p, int t) {
+  const int per_batch = p.num_m_blocks * p.h, bi = t / per_batch;
+  return tile_work<Cfg>(p, t - bi * per_batch, bi);
 }
 
 template <typename Cfg>
@@ -120,8 +121,20 @@ __device__ __forceinline__ void producer(typename Cfg::SharedStorage& ss, const 
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
   const uint64_t q_policy = l2_evict_first_policy();   // each Q tile is read by one CTA
   const uint64_t kv_policy = l2_evict_last_policy();   // K / V tiles are read by every row tile of a head
+  const int total = p.b * p.num_m_blocks * p.h;
   uint32_t q_iter = 0, kv_iter = 0;
-  for_each_tile<Cfg>(p, [&](const TileWork& w) {
+  int t = blockIdx.x;
+#pragma unroll 1
+  for (uint32_t k = 0;; ++k) {
+    const int slot = k & 1;
+    mbarrier_wait(&ss.tile_empty[slot], ((k >> 1) & 1) ^ 1);
+    ss.tile[slot] = t;
+    mbarrier_arrive(&ss.tile_full[slot]);   // (release: the consumers see the index)
+    if (t >= total) break;
+    const int t_next = int(gridDim.x) + atomicAdd(p.tile_counter, 1);   // lands while this tile loads
+    const TileWork w = tile_of<Cfg>(p, t);
+    t = t_next;
+    if (w.m_block * Cfg::BLOCK_M >= w.len_q) continue;   // no rows (the consumers skip it too)
     const int kv_head = w.head / p.q_per_kv;
 #pragma unroll
     for (int wg = 0; wg < Cfg::kWgMma; ++wg) {
@@ -152,7 +165,13 @@ __device__ __forceinline__ void producer(typename Cfg::SharedStorage& ss, const 
         tma_load_3d_hint(ss.v[s] + c * BN * 64, v_desc, &ss.v_full[s], c * 64, kv_head, tok, kv_policy);
       }
     }
-  });
+  }
+  // Every CTA took its last index (one past the end) before counting itself done: the last one
+  // leaves the counter zero for the next launch.
+  if (atomicAdd(p.tile_counter + 1, 1) == int(gridDim.x) - 1) {
+    atomicExch(p.tile_counter, 0);
+    atomicExch(p.tile_counter + 1, 0);
+  }
 }
 
 // ---- Consumer warpgroups ----
@@ -376,12 +395,21 @@ __device__ __forceinline__ void consumer_tile(typename Cfg::SharedStorage& ss, c
 
 template <typename Cfg>
 __device__ __forceinline__ void consumer(typename Cfg::SharedStorage& ss, const PrefillParams& p, int wg) {
+  const int total = p.b * p.num_m_blocks * p.h;
   uint32_t q_iter = 0, kv_iter = 0;
-  for_each_tile<Cfg>(p, [&](const TileWork& w) {
+#pragma unroll 1
+  for (uint32_t k = 0;; ++k) {
+    const int slot = k & 1;
+    mbarrier_wait(&ss.tile_full[slot], (k >> 1) & 1);
+    const int t = ss.tile[slot];
+    mbarrier_arrive(&ss.tile_empty[slot]);
+    if (t >= total) break;
+    const TileWork w = tile_of<Cfg>(p, t);
+    if (w.m_block * Cfg::BLOCK_M >= w.len_q) continue;
     consumer_tile<Cfg>(ss, p, w, wg, kv_iter, q_iter & 1);
     kv_iter += w.n_tiles;
     ++q_iter;
-  });
+  }
 }
 
 }  // namespace detail
@@ -401,6 +429,11 @@ __device__ __forceinline__ void prefill_fwd_body(const PrefillParams& p, const T
     for (int wg = 0; wg < Cfg::kWgMma; ++wg) {
       mbarrier_init(&ss.q_full[wg], 1);
       mbarrier_init(&ss.q_empty[wg], 1);
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      mbarrier_init(&ss.tile_full[m], 1);
+      mbarrier_init(&ss.tile_empty[m], 128 * Cfg::kWgMma);
     }
 #pragma unroll
     for (int s = 0; s < Cfg::NUM_STAGES; ++s) {
