@@ -10,7 +10,7 @@ timed on its own in the same interleave; the peers return no lse).
 
 Usage: python3 bench/bench_prefill.py [--arch sm_80] [--rows N] [--json PATH] [--against-config SPEC]
 (--against-config 'prefill_sm80:...' also times that kernel config, through its own plan, in the
-same interleave: a tile-shape A/B.)
+same interleave: a tile-shape A/B; --against-package mla_jit_prev a previous commit's package.)
 """
 from __future__ import annotations
 
@@ -122,6 +122,17 @@ def _forced_plan_call(spec, lens_q, lens_k, h, causal, tensors):
     return lambda: plan.run(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), out, None, D ** -0.5)
 
 
+def _package_call(name, lens_q, lens_k, causal, with_lse, tensors):
+    """The same call through another copy of the package (e.g. a previous commit's)."""
+    import importlib
+    pkg = importlib.import_module(name)
+    q, k, v = tensors
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    out = torch.empty(q.shape[0], q.shape[1], DV, dtype=q.dtype, device="cuda")
+    return lambda: pkg.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                              return_softmax_lse=with_lse, out=out)
+
+
 def _split(t, lens):
     out, s = [], 0
     for n in lens:
@@ -136,6 +147,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=0, help="only the first N rows")
     ap.add_argument("--json")
     ap.add_argument("--against-config", help="also time this kernel config (FAMILY:field=value,...)")
+    ap.add_argument("--against-package", help="also time another copy of the package importable under this "
+                    "name (scripts/prepare_prev.sh: mla_jit_prev), same inputs")
     args = ap.parse_args()
     if args.arch:
         os.environ["MLA_JIT_ARCH"] = args.arch
@@ -162,6 +175,8 @@ def main() -> None:
             variants.append((lambda: None, merge))
         if args.against_config:
             variants.append((lambda: None, _forced_plan_call(args.against_config, lq, lk, h, causal, (q, k, v))))
+        elif args.against_package:
+            variants.append((lambda: None, _package_call(args.against_package, lq, lk, causal, with_lse, (q, k, v))))
         times = time_interleaved(variants, flush)
         flops = _flops(lq, lk, h, causal)
         tf = [flops / (t * 1e-6) / 1e12 for t in times[:3]]
@@ -170,9 +185,9 @@ def main() -> None:
         if merge is not None:
             row["merge_us"] = times[3]
             note = f"  (+ merge_attn_states {times[3]:.1f} us)"
-        if args.against_config:
+        if args.against_config or args.against_package:
             row["against_us"] = times[-1]
-            note += f"  (against config: {times[-1]:.1f} us, ours x {times[-1] / times[0]:.3f})"
+            note += f"  (against: {times[-1]:.1f} us, its us / ours {times[-1] / times[0]:.3f})"
         results.append(row)
         print(f"{name:44s} {times[0]:9.1f} {tf[0]:7.1f} {tf[1]:7.1f} {tf[2]:8.1f} {tf[0] / tf[1]:8.3f} "
               f"{tf[0] / tf[2]:10.3f}{note}", flush=True)

@@ -27,9 +27,13 @@ done
 python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache "${configs[@]}" 2>&1 | tail -n 3
 # A previous commit's package for an interleaved A/B (prepared by scripts/prepare_prev.sh as
 # .prev/mla_jit_prev and carried along): its kernels are built now, in parallel.
-if [ -d .prev/mla_jit_prev ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
+if [ -d .prev/mla_jit_prev ]; then
   export PYTHONPATH=$PWD/.prev:$PYTHONPATH
-  python3 -m mla_jit_prev.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache --arch sm_90a 2>&1 | tail -n 1
+  ops=()
+  [ -z "${SKIP_DECODE_BENCH:-}" ] && ops+=(--op flash_mla_with_kvcache)
+  [ -z "${SKIP_PREFILL_BENCH:-}" ] && ops+=(--op flash_attn_varlen_func)
+  [ ${#ops[@]} -gt 0 ] && python3 -m mla_jit_prev.cli prewarm --jobs "${PREWARM_JOBS:-16}" "${ops[@]}" --arch sm_90a \
+    2>&1 | tail -n 1
   BENCH_AGAINST_PACKAGE=${BENCH_AGAINST_PACKAGE:-mla_jit_prev}
 fi
 # The Ampere/Ada family, as the tests force it on this GPU (tuning@target).
@@ -81,7 +85,8 @@ if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
   done
 fi
 if [ -z "${SKIP_PREFILL_BENCH:-}" ]; then
-  python3 bench/bench_prefill.py --json "$OUT/bench_prefill.json" 2>&1 | tee "$OUT/bench_prefill.log" | tail -n 12
+  python3 bench/bench_prefill.py ${BENCH_AGAINST_PACKAGE:+--against-package "$BENCH_AGAINST_PACKAGE"} \
+    --json "$OUT/bench_prefill.json" 2>&1 | tee "$OUT/bench_prefill.log" | tail -n 12
   for arch in ${PREFILL_BENCH_ARCHS:-}; do  # e.g. "sm_80 sm_89": the mma.sync family on this GPU
     python3 bench/bench_prefill.py --arch "$arch" ${PREFILL_BENCH_ARGS:+$PREFILL_BENCH_ARGS} \
       --json "$OUT/bench_prefill_$arch.json" 2>&1 \
