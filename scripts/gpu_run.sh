@@ -25,6 +25,10 @@ for schedule in ws ws_unfused; do
   done
 done
 python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache "${configs[@]}" 2>&1 | tail -n 3
+# The Ampere/Ada family, as the tests force it on this GPU (tuning@target).
+python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache --arch sm_80@sm_90a --arch sm_89@sm_90a \
+  2>&1 | tail -n 1
+fi
 # A previous commit's package for an interleaved A/B (prepared by scripts/prepare_prev.sh as
 # .prev/mla_jit_prev and carried along): its kernels are built now, in parallel.
 if [ -d .prev/mla_jit_prev ]; then
@@ -35,10 +39,6 @@ if [ -d .prev/mla_jit_prev ]; then
   [ ${#ops[@]} -gt 0 ] && python3 -m mla_jit_prev.cli prewarm --jobs "${PREWARM_JOBS:-16}" "${ops[@]}" --arch sm_90a \
     2>&1 | tail -n 1
   BENCH_AGAINST_PACKAGE=${BENCH_AGAINST_PACKAGE:-mla_jit_prev}
-fi
-# The Ampere/Ada family, as the tests force it on this GPU (tuning@target).
-python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache --arch sm_80@sm_90a --arch sm_89@sm_90a \
-  2>&1 | tail -n 1
 fi
 # Prefill (every head-dim pair the tests use) and merge kernels.
 configs=()
