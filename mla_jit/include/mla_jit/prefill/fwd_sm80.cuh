@@ -215,6 +215,17 @@ __device__ __forceinline__ void store_rows(const PrefillParams& p, const TileWor
   }
 }
 
+// The MMA turn of warp group g (named barrier 1 + g over both groups' threads): turn_wait by the
+// group whose turn it is, turn_pass by the other when it hands the turn over.
+template <typename Cfg>
+__device__ __forceinline__ void turn_wait(int g) {
+  named_barrier_sync(1 + g, Cfg::NUM_THREADS);
+}
+template <typename Cfg>
+__device__ __forceinline__ void turn_pass(int g) {
+  named_barrier_arrive(1 + g, Cfg::NUM_THREADS);
+}
+
 }  // namespace detail
 
 template <typename Cfg>
@@ -278,6 +289,11 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
       __syncthreads();
       load_q_frags<Cfg>(f, q_smem, warp, lane);
     }
+    // Ping-pong: the two halves of the warps take turns at the MMAs (group 0 first), so one half's
+    // softmax runs while the other's MMAs fill the tensor pipes (each SM sub-partition holds a
+    // warp of each half: warps w and w + 4).
+    const int grp = warp / (Cfg::kWarps / 2);
+    if (grp == 1) turn_pass<Cfg>(0);
 #pragma unroll 1
     for (int i = 0; i < w.n_tiles; ++i) {
       sm80::cp_async_wait<NS - 2>();   // this thread's copies of step i (and Q) landed
@@ -286,11 +302,16 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
       sm80::cp_async_commit();
       const int n = w.n_tiles - 1 - i;
       const uint32_t stage = stages + (i % NS) * Cfg::kStageBytes;
+      turn_wait<Cfg>(grp);
       compute_s<Cfg>(f, stage, lane);
+      turn_pass<Cfg>(1 - grp);
       if (n >= w.mask_from) mask_s<Cfg>(f, n * BN, lane, lim);
       softmax_rescale<Cfg>(f, st, p.scale_log2);
+      turn_wait<Cfg>(grp);
       compute_pv<Cfg>(f, stage + Cfg::kKBytes, lane);
+      turn_pass<Cfg>(1 - grp);
     }
+    if (grp == 0) turn_wait<Cfg>(0);   // group 1's last pass (each barrier ends balanced)
     sm80::cp_async_wait<0>();
   }
   store_rows<Cfg>(p, w, f, st, warp, lane);
