@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import math
 import os
@@ -99,10 +100,40 @@ def host_times_interleaved(fns: dict, calls: int = 200, rounds: int = 30) -> dic
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def spec_rows(flush: torch.Tensor, json_path: str | None) -> None:
+    """Many query tokens a sequence (speculative decoding): the call's time and its time per query
+    token against s_q = 1 and 4 on the same shape (it should fall as s_q grows)."""
+    rows = []
+    print(f"{'b':>4s} {'h_q':>4s} {'s_k':>5s} {'s_q':>3s} {'us':>8s} {'us/token':>8s} {'TFLOPS':>7s} {'GB/s':>6s}")
+    for h_q, s_k in itertools.product((16, 128), (1024, 4096)):
+        for s_q in (1, 4, 8, 16):
+            b = 128
+            q, k_cache, block_table, lens = make_inputs(b, s_q, s_k, h_q)
+            metadata, num_splits = mla_jit.get_mla_metadata(lens, s_q * h_q // H_KV, H_KV)
+            call = functools.partial(mla_jit.flash_mla_with_kvcache, q, k_cache, block_table, lens, DV, metadata,
+                                     num_splits, causal=s_q > 1)
+            (us,) = time_interleaved([(lambda: None, call)], flush)
+            mean = lens.float().mean().item()
+            flop = b * h_q * s_q * (2 * D * mean + 2 * mean * DV)
+            nbytes = b * (s_q * h_q * D * 2 + mean * H_KV * D * 2 + s_q * h_q * DV * 2)
+            rows.append({"b": b, "h_q": h_q, "s_k": s_k, "s_q": s_q, "us": us, "us_per_token": us / s_q,
+                         "tflops": flop / us / 1e6, "gbps": nbytes / us / 1e3})
+            print(f"{b:4d} {h_q:4d} {s_k:5d} {s_q:3d} {us:8.1f} {us / s_q:8.1f} {flop / us / 1e6:7.1f} "
+                  f"{nbytes / us / 1e3:6.0f}", flush=True)
+            del q, k_cache, block_table
+            torch.cuda.empty_cache()
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "spec_rows": rows}, f, indent=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
     parser.add_argument("--rows", type=int, default=len(ANCHOR_ROWS), help="anchor rows to time (0: host times only)")
+    parser.add_argument("--spec-rows", action="store_true",
+                        help="only the speculative-decoding rows: b 128, h_q 16 / 128, s_k 1024 / 4096, s_q 1, 4, "
+                        "8, 16 (causal above 1), with the time per query token")
     parser.add_argument("--arch", help="kernel family tuning, e.g. sm_80 or sm_89 (sets MLA_JIT_ARCH); "
                         "default: the GPU's own")
     parser.add_argument("--schedule", choices=("ws", "ws_unfused"),
@@ -140,6 +171,9 @@ def main() -> None:
     # 8 GB, as the anchor FlashMLA figures were taken (2 GB until session 11; interleaved on the
     # H200, the two gave the same times within 0.7% on every row).
     flush = torch.empty(8 << 30, dtype=torch.uint8, device="cuda")
+    if args.spec_rows:
+        spec_rows(flush, args.json)
+        return
     results = []
     for b, s_q, s_k, h_q, causal, anchor_us in ANCHOR_ROWS[:args.rows]:
         q, k_cache, block_table, lens = make_inputs(b, s_q, s_k, h_q)

@@ -93,6 +93,9 @@ if [ -z "${SKIP_PREFILL_BENCH:-}" ]; then
       | tee "$OUT/bench_prefill_$arch.log" | tail -n 10
   done
 fi
+if [ -n "${SPEC_BENCH:-}" ]; then  # decode with 1-16 query tokens a sequence (speculative decoding)
+  python3 bench/bench_decode.py --spec-rows --json "$OUT/spec_decode.json" 2>&1 | tail -n 18
+fi
 for case in ${TRACE_CASES:-}; do  # e.g. TRACE_CASES="32,1,4096,16 128,1,4096,16": per-CTA timelines
   PYTHONPATH=$PWD/bench:$PYTHONPATH python3 bench/trace_decode.py ${case//,/ } ${TRACE_ARGS:-} \
     --rows-out "$OUT/trace_${case//,/_}.csv" 2>&1 | tail -n 20

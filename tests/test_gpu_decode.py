@@ -40,7 +40,13 @@ def _grid() -> list[DecodeCase]:
               DecodeCase(1, 4, 65536, 128, 1, False, True),
               # The largest batch, with the most rows (8 row tiles), and with 2 KV heads.
               DecodeCase(1024, 4, 64, 128, 1, True, True),
-              DecodeCase(1024, 1, 64, 128, 2, True, False, zero_lens=True)]
+              DecodeCase(1024, 1, 64, 128, 2, True, False, zero_lens=True),
+              # Speculative decoding: 5 to 16 query tokens a sequence (causal bottom-right), up to
+              # 2048 rows (32 row tiles) a KV head.
+              DecodeCase(6, 5, 140, 16, 1, True, True), DecodeCase(2, 8, 4096, 128, 1, True, True),
+              DecodeCase(64, 16, 1024, 16, 1, True, True), DecodeCase(6, 16, 20, 9, 3, True, True),
+              DecodeCase(4, 16, 4096, 128, 1, False, True), DecodeCase(6, 12, 140, 64, 2, True, False),
+              DecodeCase(128, 16, 64, 128, 1, True, True, zero_lens=True)]
     return cases
 
 
@@ -231,7 +237,7 @@ def test_bad_arguments_raise_typed_errors():
            ("block_table", block_table.long(), "block_table"), ("cache_seqlens", lens[:1], "cache_seqlens"),
            ("num_splits", num_splits[:-1], "num_splits"), ("q", q[..., :512], "k_cache"),
            ("k_cache", k_cache.view(-1, 32, 1, 576)[:, :24], "k_cache"),
-           ("q", q.expand(2, 5, 16, 576), "s_q"), ("tile_scheduler_metadata", metadata[:, :4],
+           ("q", q.expand(2, 17, 16, 576), "s_q"), ("tile_scheduler_metadata", metadata[:, :4],
                                                    "tile_scheduler_metadata")]
     for name, value, match in bad:
         with pytest.raises(mla_jit.InvalidArgumentError, match=match):
@@ -248,7 +254,8 @@ def _sm80_grid() -> list[DecodeCase]:
         cases.append(DecodeCase([1, 6, 2, 64][n % 4], s_q, s_k, h_q, h_kv, varlen, causal))
     cases += [DecodeCase(6, 2, 140, 64, 1, True, True, page=16), DecodeCase(6, 1, 4096, 16, 1, True, False, page=256),
               DecodeCase(6, 2, 140, 64, 1, True, True, dtype=torch.float16), DecodeCase(6, 1, 140, 16, d=512),
-              DecodeCase(64, 2, 140, 128, 1, True, True, zero_lens=True)]
+              DecodeCase(64, 2, 140, 128, 1, True, True, zero_lens=True),
+              DecodeCase(6, 16, 140, 16, 1, True, True), DecodeCase(2, 8, 1024, 128, 1, True, True)]
     return cases
 
 

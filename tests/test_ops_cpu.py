@@ -192,7 +192,7 @@ def test_bad_arguments_raise_typed_errors_naming_them(stub_gpu):
     good = dict(q=q, k_cache=k_cache, block_table=block_table, cache_seqlens=lens, head_dim_v=512,
                 tile_scheduler_metadata=meta, num_splits=splits)
     mla_jit.flash_mla_with_kvcache(**good)  # warm: the bad calls below must not ride its plan
-    bad = [("q", q.float(), "q"), ("q", q[..., :512], "k_cache"), ("q", q.expand(2, 5, 16, 576), "s_q"),
+    bad = [("q", q.float(), "q"), ("q", q[..., :512], "k_cache"), ("q", q.expand(2, 17, 16, 576), "s_q"),
            ("q", torch.randn(2, 1, 256, 576).to(torch.bfloat16), "query heads per KV head"),
            ("q", torch.randn(2, 1, 16, 584).to(torch.bfloat16)[..., 1:577],
             "16-byte"),

@@ -19,7 +19,7 @@ from . import library, validate
 
 _QKV_DTYPES = (torch.bfloat16, torch.float16)
 _MAX_Q_PER_KV = 128
-_MAX_S_Q = 4
+_MAX_S_Q = 16   # draft tokens per sequence (speculative decoding, multi-token prediction)
 _MAX_H_KV = 8
 
 
