@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Hardware counters of the split-KV kernels for a few decode shapes (needs ncu on the GPU machine).
 # Usage: scripts/ncu_run.sh "B S_Q S_K H_Q [--arch A] [--schedule S]" ...   (one quoted case per arg)
+# Prefill: NCU_SCRIPT=bench/profile_prefill.py NCU_KERNEL=prefill scripts/ncu_run.sh "B S H [--arch A]"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mla_jit_out}
@@ -20,10 +21,11 @@ metrics+=,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio
 n=0
 for case in "$@"; do
   n=$((n + 1))
-  python3 bench/profile_kernels.py $case >/dev/null 2>&1  # compile + warm the cache outside ncu
+  script=${NCU_SCRIPT:-bench/profile_kernels.py}
+  python3 "$script" $case >/dev/null 2>&1  # compile + warm the cache outside ncu
   echo "=== case $n: $case"
-  timeout 300 ncu --clock-control none -k regex:splitkv --launch-skip 2 --launch-count 1 \
+  timeout 300 ncu --clock-control none -k "regex:${NCU_KERNEL:-splitkv}" --launch-skip 2 --launch-count 1 \
     --section WarpStateStats --section SchedulerStats --metrics "$metrics" \
-    python3 bench/profile_kernels.py $case 2>&1 | tee "$OUT/ncu_$n.txt" \
+    python3 "$script" $case 2>&1 | tee "$OUT/ncu_$n.txt" \
     | grep -E "pct|sum|hit_rate|stalled|Warp Cycles|Issued Warp|No Eligible|Eligible" | grep -vE " 0(\.0+)?$" | head -45
 done
