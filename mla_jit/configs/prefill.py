@@ -80,9 +80,9 @@ class Sm80PrefillConfig:
 
     @property
     def smem_bytes(self) -> int:
-        """fwd_sm80.cuh's kSmemBytes: Q, num_stages K tiles and num_stages + 1 V tiles."""
+        """fwd_sm80.cuh's kSmemBytes."""
         q = self.block_m * self.head_dim * 2
-        stages = (self.num_stages * self.head_dim + (self.num_stages + 1) * self.head_dim_v) * self.block_n * 2
+        stages = self.num_stages * self.block_n * (self.head_dim + self.head_dim_v) * 2
         return max(q, stages) if self.q_aliases_kv else q + stages
 
 

@@ -6,16 +6,15 @@
 // in registers for the whole CTA (D_QK / 16 x 4 words), S (16 x BLOCK_N) and O (16 x D_V) are
 // fp32 accumulators, P is repacked from S in registers as the A operand of P V.
 //
-// Shared memory: Q (BLOCK_M x D_QK), then NUM_STAGES stages of K (BLOCK_N x D_QK) and
-// NUM_STAGES + 1 of V (BLOCK_N x D_V), row-major with the XOR swizzle of common/sm80.cuh (conflict-free cp.async writes and
+// Shared memory: Q (BLOCK_M x D_QK), then NUM_STAGES stages of K (BLOCK_N x D_QK) and V (BLOCK_N
+// x D_V), row-major with the XOR swizzle of common/sm80.cuh (conflict-free cp.async writes and
 // ldmatrix reads). Q_ALIASES_KV (sm_86 / sm_89, 99 KB a block): Q is loaded into the stage area,
 // moved to registers, and only then are the stages filled.
 //
 // Pipeline per KV tile i (walked from the last tile, the only ones needing a mask, to the first):
-//   wait for tile i's copies (cp.async group) -> __syncthreads (every warp is done with step
-//   i - 1; the stages it freed are refilled now) -> issue the copies of tile i + NUM_STAGES - 1
-//   -> S_i = Q K_i^T and O += P_{i-1} V_{i-1} (one MMA turn) -> mask -> online softmax (lazy
-//   rescaling, as the sm_90a kernel) -> P_i packed. K has NUM_STAGES stages, V one more.
+//   wait for tile i's copies (cp.async group) -> __syncthreads (every warp is done with tile i - 1,
+//   whose stage is refilled now) -> issue the copies of tile i + NUM_STAGES - 1 -> S = Q K^T ->
+//   mask -> online softmax (lazy rescaling, as the sm_90a kernel) -> O += P V.
 // Rows and keys past a sequence's end are copied as zeros (cp.async with 0 source bytes): nothing
 // past cu_seqlens is read, and a masked key contributes exactly 0.
 #pragma once
@@ -41,11 +40,8 @@ struct PrefillSm80Config {
   static constexpr int kQkChunks = D_QK / 8, kVChunks = D_V / 8;   // 16-byte chunks of a row
   static constexpr int kQBytes = BLOCK_M * D_QK * 2;
   static constexpr int kKBytes = BLOCK_N * D_QK * 2;
-  static constexpr int kVBytes = BLOCK_N * D_V * 2;
-  // NUM_STAGES K tiles and one V tile more: P V of tile i - 1 runs beside S of tile i, so a V tile
-  // stays in use one step longer than its K tile.
-  static constexpr int kVStages = NUM_STAGES + 1;
-  static constexpr int kStagesBytes = NUM_STAGES * kKBytes + kVStages * kVBytes;
+  static constexpr int kStageBytes = kKBytes + BLOCK_N * D_V * 2;
+  static constexpr int kStagesBytes = NUM_STAGES * kStageBytes;
   static constexpr int kSmemBytes = Q_ALIASES_KV ? (kQBytes > kStagesBytes ? kQBytes : kStagesBytes)
                                                  : kQBytes + kStagesBytes;
 
@@ -170,33 +166,23 @@ __device__ __forceinline__ void softmax_rescale(Sm80Frags<Cfg>& f, Sm80Rows& st,
   }
 }
 
-// P (S after the softmax) as the A operand of P V: two m16n8 tiles = one k16 fragment.
+// O += P V over the tile in v_smem; P repacked from S (two m16n8 tiles = one k16 A fragment).
 template <typename Cfg>
-__device__ __forceinline__ void pack_p(const Sm80Frags<Cfg>& f, uint32_t (&pf)[Cfg::BLOCK_N / 16][4]) {
-  using Element = typename Cfg::Element;
-#pragma unroll
-  for (int kk = 0; kk < Cfg::BLOCK_N / 16; ++kk) {
-    pf[kk][0] = ElemTraits<Element>::pack2(f.s[2 * kk][0], f.s[2 * kk][1]);
-    pf[kk][1] = ElemTraits<Element>::pack2(f.s[2 * kk][2], f.s[2 * kk][3]);
-    pf[kk][2] = ElemTraits<Element>::pack2(f.s[2 * kk + 1][0], f.s[2 * kk + 1][1]);
-    pf[kk][3] = ElemTraits<Element>::pack2(f.s[2 * kk + 1][2], f.s[2 * kk + 1][3]);
-  }
-}
-
-// O += P V over the tile in v_smem.
-template <typename Cfg>
-__device__ __forceinline__ void compute_pv(Sm80Frags<Cfg>& f, const uint32_t (&pf)[Cfg::BLOCK_N / 16][4],
-                                           uint32_t v_smem, int lane) {
+__device__ __forceinline__ void compute_pv(Sm80Frags<Cfg>& f, uint32_t v_smem, int lane) {
   using Element = typename Cfg::Element;
   const int row = (lane % 8) + ((lane / 8) % 2) * 8, chunk = lane / 16;
 #pragma unroll
   for (int kk = 0; kk < Cfg::BLOCK_N / 16; ++kk) {
+    const uint32_t a[4] = {ElemTraits<Element>::pack2(f.s[2 * kk][0], f.s[2 * kk][1]),
+                           ElemTraits<Element>::pack2(f.s[2 * kk][2], f.s[2 * kk][3]),
+                           ElemTraits<Element>::pack2(f.s[2 * kk + 1][0], f.s[2 * kk + 1][1]),
+                           ElemTraits<Element>::pack2(f.s[2 * kk + 1][2], f.s[2 * kk + 1][3])};
 #pragma unroll
     for (int np = 0; np < Cfg::D_V / 16; ++np) {
       uint32_t b[4];
       sm80::ldsm_x4_trans(b, v_smem + sm80::swz<Cfg::kVChunks>(kk * 16 + row, np * 2 + chunk));
-      sm80::Mma<Element>::run(f.o[2 * np], pf[kk], b[0], b[1]);
-      sm80::Mma<Element>::run(f.o[2 * np + 1], pf[kk], b[2], b[3]);
+      sm80::Mma<Element>::run(f.o[2 * np], a, b[0], b[1]);
+      sm80::Mma<Element>::run(f.o[2 * np + 1], a, b[2], b[3]);
     }
   }
 }
@@ -261,13 +247,13 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
   const Element* vg = static_cast<const Element*>(p.v) + (long long)w.k0 * p.v_stride_t +
                       (long long)kv_head * p.v_stride_h;
 
-  auto k_stage = [&](int i) { return stages + uint32_t(i % NS) * Cfg::kKBytes; };
-  auto v_stage = [&](int i) { return stages + NS * Cfg::kKBytes + uint32_t(i % Cfg::kVStages) * Cfg::kVBytes; };
-  auto load_kv = [&](int i) {   // the copies of walk step i (tile n_tiles - 1 - i)
+  auto load_kv = [&](int i) {   // the copies of walk step i (tile n_tiles - 1 - i) into stage i % NS
     const int n = w.n_tiles - 1 - i;
+    const uint32_t stage = stages + (i % NS) * Cfg::kStageBytes;
     const int rows = min(BN, w.len_k - n * BN);
-    copy_rows<Cfg, BN, Cfg::kQkChunks>(k_stage(i), kg + (long long)n * BN * p.k_stride_t, p.k_stride_t, rows, tid);
-    copy_rows<Cfg, BN, Cfg::kVChunks>(v_stage(i), vg + (long long)n * BN * p.v_stride_t, p.v_stride_t, rows, tid);
+    copy_rows<Cfg, BN, Cfg::kQkChunks>(stage, kg + (long long)n * BN * p.k_stride_t, p.k_stride_t, rows, tid);
+    copy_rows<Cfg, BN, Cfg::kVChunks>(stage + Cfg::kKBytes, vg + (long long)n * BN * p.v_stride_t, p.v_stride_t,
+                                      rows, tid);
   };
 
   Sm80Frags<Cfg> f;
@@ -305,41 +291,26 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
     }
     // Ping-pong: the two halves of the warps take turns at the MMAs (group 0 first), so one half's
     // softmax runs while the other's MMAs fill the tensor pipes (each SM sub-partition holds a
-    // warp of each half: warps w and w + 4). A turn issues S of tile i and P V of tile i - 1
-    // together: 8 + 16 independent accumulator chains a warp, which hide the HMMA latency that 8
-    // alone did not (the chains bound this kernel: bench/NOTES.md).
+    // warp of each half: warps w and w + 4).
     const int grp = warp / (Cfg::kWarps / 2);
     if (grp == 1) turn_pass<Cfg>(0);
-    uint32_t pf[BN / 16][4];   // P of the previous tile
-    auto begin_step = [&](int i) {
+#pragma unroll 1
+    for (int i = 0; i < w.n_tiles; ++i) {
       sm80::cp_async_wait<NS - 2>();   // this thread's copies of step i (and Q) landed
-      __syncthreads();                 // everyone's; and every warp is done with step i - 1
+      __syncthreads();                 // everyone's; and every warp is done with step i - 1's stage
       if (i + NS - 1 < w.n_tiles) load_kv(i + NS - 1);
       sm80::cp_async_commit();
-    };
-    auto end_step = [&](int i) {   // (O holds P V up to tile i - 1: the softmax rescales it)
       const int n = w.n_tiles - 1 - i;
+      const uint32_t stage = stages + (i % NS) * Cfg::kStageBytes;
+      turn_wait<Cfg>(grp);
+      compute_s<Cfg>(f, stage, lane);
+      turn_pass<Cfg>(1 - grp);
       if (n >= w.mask_from) mask_s<Cfg>(f, n * BN, lane, lim);
       softmax_rescale<Cfg>(f, st, p.scale_log2);
-      pack_p<Cfg>(f, pf);
-    };
-    begin_step(0);   // step 0 has no P V yet: outside the loop, which then has no branch in its turn
-    turn_wait<Cfg>(grp);
-    compute_s<Cfg>(f, k_stage(0), lane);
-    turn_pass<Cfg>(1 - grp);
-    end_step(0);
-#pragma unroll 1
-    for (int i = 1; i < w.n_tiles; ++i) {
-      begin_step(i);
       turn_wait<Cfg>(grp);
-      compute_s<Cfg>(f, k_stage(i), lane);
-      compute_pv<Cfg>(f, pf, v_stage(i - 1), lane);
+      compute_pv<Cfg>(f, stage + Cfg::kKBytes, lane);
       turn_pass<Cfg>(1 - grp);
-      end_step(i);
     }
-    turn_wait<Cfg>(grp);
-    compute_pv<Cfg>(f, pf, v_stage(w.n_tiles - 1), lane);
-    turn_pass<Cfg>(1 - grp);
     if (grp == 0) turn_wait<Cfg>(0);   // group 1's last pass (each barrier ends balanced)
     sm80::cp_async_wait<0>();
   }
