@@ -102,15 +102,8 @@ struct PrefillSm90Config {
 
 namespace detail {
 
-// Named barriers (0 is __syncthreads'): consumer warpgroup w uses 1 + w (its 128 threads), and
-// 3 + w for its turn at the tensor cores (both warpgroups' 256 threads).
+// Named barriers (0 is __syncthreads'): consumer warpgroup w uses 1 + w (its 128 threads).
 constexpr int kBarConsumerBase = 1;
-constexpr int kBarTurnBase = 3;
-
-// Turns: the consumer warpgroups issue their wgmmas in alternation (FlashAttention-3's warp
-// scheduler barriers), so that one's softmax runs while the other's GEMMs hold the tensor cores.
-__device__ __forceinline__ void turn_wait(int wg) { named_barrier_sync(kBarTurnBase + wg, 256); }
-__device__ __forceinline__ void turn_pass(int wg) { named_barrier_arrive(kBarTurnBase + (wg ^ 1), 256); }
 
 // ---- Producer (one thread) ----
 
@@ -359,9 +352,7 @@ __device__ __forceinline__ void consumer_tile(typename Cfg::SharedStorage& ss, c
   if (w.n_tiles > 0) {
     // Tile n_tiles - 1 (i = 0).
     mbarrier_wait(&ss.k_full[stage(0)], phase(0));
-    turn_wait(wg);
     issue_s<Cfg>(ss, wg, stage(0), tw, tSrS);
-    turn_pass(wg);
     warpgroup_wait<0>();
     if (tw == 0) {
       mbarrier_arrive(&ss.k_empty[stage(0)]);
@@ -374,12 +365,10 @@ __device__ __forceinline__ void consumer_tile(typename Cfg::SharedStorage& ss, c
     for (int i = 1; i < w.n_tiles; ++i) {
       const int n = w.n_tiles - 1 - i, s = stage(i), sp = stage(i - 1);
       mbarrier_wait(&ss.k_full[s], phase(i));
+      issue_s<Cfg>(ss, wg, s, tw, tSrS);
       mbarrier_wait(&ss.v_full[sp], phase(i - 1));
       if (i == 1 && tail_rows < BN) zero_v_tail<Cfg>(ss, sp, tail_rows, tw, wg);
-      turn_wait(wg);
-      issue_s<Cfg>(ss, wg, s, tw, tSrS);
       issue_pv<Cfg>(ss, sp, tw, tOrP, tOrO, i == 1);
-      turn_pass(wg);
       warpgroup_wait<1>();   // S_i retired (groups retire in order)
       if (tw == 0) {
         mbarrier_arrive(&ss.k_empty[s]);
@@ -395,9 +384,7 @@ __device__ __forceinline__ void consumer_tile(typename Cfg::SharedStorage& ss, c
     const int i = w.n_tiles - 1, s = stage(i);
     mbarrier_wait(&ss.v_full[s], phase(i));
     if (i == 0 && tail_rows < BN) zero_v_tail<Cfg>(ss, s, tail_rows, tw, wg);
-    turn_wait(wg);
     issue_pv<Cfg>(ss, s, tw, tOrP, tOrO, i == 0);
-    turn_pass(wg);
     warpgroup_wait<0>();
     if (tw == 0) mbarrier_arrive(&ss.v_empty[s]);
   } else if (tw == 0) {
@@ -410,9 +397,6 @@ template <typename Cfg>
 __device__ __forceinline__ void consumer(typename Cfg::SharedStorage& ss, const PrefillParams& p, int wg) {
   const int total = p.b * p.num_m_blocks * p.h;
   uint32_t q_iter = 0, kv_iter = 0;
-  // Both warpgroups walk the same tiles, so their turns pair up; warpgroup 0 goes first, and takes
-  // warpgroup 1's last pass at the end.
-  if (wg == 1) turn_pass(wg);
 #pragma unroll 1
   for (uint32_t k = 0;; ++k) {
     const int slot = k & 1;
@@ -426,7 +410,6 @@ __device__ __forceinline__ void consumer(typename Cfg::SharedStorage& ss, const 
     kv_iter += w.n_tiles;
     ++q_iter;
   }
-  if (wg == 0) turn_wait(wg);
 }
 
 }  // namespace detail
