@@ -65,6 +65,7 @@ def test_reference_against_naive_attention():
                                       atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dims", SUPPORTED_HEAD_DIMS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_sm90_kernel_compiles_without_local_memory(dims, dtype, cache_root, monkeypatch, tmp_path):
@@ -94,6 +95,7 @@ def test_sm80_configs_fit_their_arch(arch):
         Sm80PrefillConfig("bf16", 192, 128, True, 2, "yes")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dims", SUPPORTED_HEAD_DIMS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89"])

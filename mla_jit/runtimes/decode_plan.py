@@ -7,7 +7,6 @@ declares, the TMA descriptor of the cache, the split-KV scratch and the packed l
 """
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
@@ -21,6 +20,7 @@ from ..jit.arch import ArchPair, resolve_for_device
 from ..jit.launch import PTR, TMA_DESC, Blob, max_active_clusters
 from ..jit.loader import read_global_int32
 from ..jit.stream import current_stream
+from .device import num_sms as _num_sms, smem_per_sm as _smem_per_sm
 from . import registry, workspace
 from .decode import DECODE_PARAMS, METADATA_PARAMS
 
@@ -47,16 +47,6 @@ def reset() -> None:
     """Forget every plan and descriptor (tests use this, with registry.reset_all, to act as a new process)."""
     for memo in (metadata_plans, decode_plans, _descriptors, _smem_bytes):
         memo.clear()
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-@functools.lru_cache(maxsize=None)
-def _smem_per_sm(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).shared_memory_per_multiprocessor
 
 
 def sm_parts_for(device_index: int, num_q_tokens_per_head_k: int, num_heads_k: int) -> int:

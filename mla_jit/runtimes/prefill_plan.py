@@ -6,7 +6,6 @@ The op layer (ops/prefill.py) validates arguments and asks for a plan; the plan 
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 
@@ -17,6 +16,7 @@ from ..jit.arch import resolve_for_device
 from ..jit.launch import TMA_DESC, Blob
 from ..jit.loader import read_global_int32
 from ..jit.stream import current_stream
+from .device import l2_bytes as _l2_bytes, num_sms as _num_sms
 from . import registry
 from .prefill import PREFILL_PARAMS
 
@@ -45,16 +45,6 @@ def descriptor(t: torch.Tensor, box_rows: int) -> tma.TmaDescriptor:
             _descriptors.clear()
         desc = _descriptors[key] = tma.tiled(t, (box_rows, 1, 64), swizzle=128, l2_promotion=128)
     return desc
-
-
-@functools.lru_cache(maxsize=None)
-def _l2_bytes(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).L2_cache_size
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 class PrefillPlan:

@@ -241,17 +241,7 @@ __device__ __forceinline__ void softmax_tile(FragS& s, RowState& st, float scale
     const float m_use = m_new == -kInf ? 0.f : m_new;
     rescale[h] = move ? ex2_approx(st.m[h] - m_use) : 1.f;   // m = -inf before: 0 (O is still 0)
     st.m[h] = m_new;
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < cute::size(s) / 4; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& x = s(j * 4 + h * 2 + e);
-        x = ex2_approx(fmaf(x, scale_log2, -m_use));
-        sum += x;
-      }
-    }
-    st.l[h] = st.l[h] * rescale[h] + sum;
+    st.l[h] = st.l[h] * rescale[h] + exp2_row(s, h, scale_log2, m_use);
   }
 }
 
