@@ -1,2 +1,2 @@
 """One module per kernel family; importing this package registers them all."""
-from . import decode, merge, prefill, toy  # noqa: F401
+from . import decode, indexer, merge, prefill, toy  # noqa: F401

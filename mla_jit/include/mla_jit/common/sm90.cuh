@@ -57,6 +57,15 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) {
       : "memory");
 }
 
+// 1D tiled TMA load of box (c0) into shared memory.
+__device__ __forceinline__ void tma_load_1d(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar, int32_t c0) {
+  asm volatile(
+      "cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3}], [%2];" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)), "r"(c0)
+      : "memory");
+}
+
 // 2D tiled TMA load of box (c0, c1) (innermost coordinate first) into shared memory.
 __device__ __forceinline__ void tma_load_2d(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar,
                                             int32_t c0, int32_t c1) {
@@ -82,6 +91,16 @@ __device__ __forceinline__ uint64_t l2_evict_last_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
   return policy;
+}
+
+// 2D tiled TMA load of box (c0, c1) with an L2 cache-hint policy.
+__device__ __forceinline__ void tma_load_2d_hint(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar,
+                                                 int32_t c0, int32_t c1, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "l"(policy)
+      : "memory");
 }
 
 // 3D tiled TMA load of box (c0, c1, c2) (innermost coordinate first) into shared memory, with an

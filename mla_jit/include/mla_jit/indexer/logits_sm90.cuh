@@ -1,0 +1,356 @@
+// mla_jit indexer, sm_90a: fp8_mqa_logits (DeepGEMM's API), keys ragged per query row:
+//   logits[i, j] = sum_h relu(q[i, h] . k[j]) * weights[i, h] * k_scale[j]   for j in [ks[i], ke[i]).
+//
+// Work units: a q block (BLOCK_Q = 128 / H query rows, so the wgmma N = BLOCK_Q * H = 128) times a
+// chunk of chunk_keys keys; unit u = q block u / num_chunks, chunk u % num_chunks, handed out
+// round robin to the persistent CTAs (grid <= SMs). A unit visits the 64-key tiles of its chunk
+// that some row of its q block sees ([min ks, max ke) of the block, from a 64-aligned start).
+//
+// Roles (384 threads):
+//   warp 0 (producer): TMA of each unit's Q (128 x D e4m3) and weights, then its K tiles (64 x D
+//     e4m3) and k_scale into a NUM_STAGES ring.
+//   warps 1-3 (cleaners, clean_logits in the full form): -inf into the columns of each unit's
+//     chunk (< n) outside its tiles. The math warpgroups write every column of the tiles
+//     (-inf where the row does not see the key), so the two never write the same column and need
+//     no synchronization.
+//   warpgroups 1, 2 (math): tile i of a unit goes to warpgroup i % 2. Each keeps two accumulators:
+//     the wgmma of its next tile runs while the epilogue of the current one (relu, head weights,
+//     sum over heads, k_scale; indexer/common.cuh) runs on the CUDA cores.
+//
+// Barriers (stage s of the CTA's g-th tile: g % NUM_STAGES, phase (g / NUM_STAGES) & 1):
+//   q_full[x] (1 + tx) / q_empty[x] (2: one thread of each math warpgroup) for the unit's Q slot
+//   x = (CTA's non-empty unit count) & 1; k_full[s] (1 + tx) / k_empty[s] (4: each warp of the
+//   consuming warpgroup, after its scales are read and its wgmma retired).
+// Rows past m read zero Q (TMA fills) and are stored into the row padding of the buffer (the op
+// allocates align(m, BLOCK_Q) rows); keys past n read zero K and scale.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "mla_jit/common/sm90.cuh"
+#include "mla_jit/common/sm90_fragment.cuh"
+#include "common.cuh"
+
+namespace mla_jit {
+namespace indexer {
+
+template <int D>
+struct Fp8SwizzleAtom;
+template <>
+struct Fp8SwizzleAtom<128> {
+  using type = decltype(cute::GMMA::Layout_K_SW128_Atom<cutlass::float_e4m3_t>{});
+};
+template <>
+struct Fp8SwizzleAtom<64> {
+  using type = decltype(cute::GMMA::Layout_K_SW64_Atom<cutlass::float_e4m3_t>{});
+};
+
+// Shared by both indexer kernels: the score tile S = K Q^T of 64 keys and N (token, head) columns.
+template <int D_, int N_>
+struct ScoreMma {
+  static constexpr int D = D_, N = N_;
+  using Fp8 = cutlass::float_e4m3_t;
+  using SwAtom = typename Fp8SwizzleAtom<D>::type;
+  using SmemLayoutK = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<kTileKeys>, cute::Int<D>>{}));
+  using SmemLayoutQ = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<N>, cute::Int<D>>{}));
+  using TiledMma = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Fp8, Fp8, float, cute::Shape<cute::Int<kTileKeys>, cute::Int<N>, cute::Int<D>>>()));
+
+  template <typename Frag>
+  static __device__ __forceinline__ void issue(const Fp8* k_tile, const Fp8* q_tile, int tw, Frag& acc) {
+    using namespace cute;
+    TiledMma mma;
+    auto thr = mma.get_thread_slice(tw);
+    Tensor sK = make_tensor(make_smem_ptr(k_tile), SmemLayoutK{});
+    Tensor sQ = make_tensor(make_smem_ptr(q_tile), SmemLayoutQ{});
+    Tensor tK = thr.partition_fragment_A(sK);
+    Tensor tQ = thr.partition_fragment_B(sQ);
+    warpgroup_fence_operand(acc);
+    warpgroup_arrive();
+    mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+    for (int k = 0; k < size<2>(tK); ++k) {
+      gemm(mma, tK(_, _, k), tQ(_, _, k), acc);
+      mma.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    warpgroup_fence_operand(acc);
+  }
+
+  static __device__ __forceinline__ auto make_acc() {
+    TiledMma mma;
+    return cute::partition_fragment_C(mma, cute::Shape<cute::Int<kTileKeys>, cute::Int<N>>{});
+  }
+};
+
+template <int H_, int D_, int NUM_STAGES_>
+struct LogitsSm90Config {
+  static constexpr int H = H_, D = D_, NUM_STAGES = NUM_STAGES_;
+  static constexpr int N = 128;              // wgmma N: BLOCK_Q tokens x H heads
+  static constexpr int BLOCK_Q = N / H;
+  static constexpr int NUM_THREADS = 384;
+  static_assert(H == 8 || H == 16 || H == 32 || H == 64, "heads: 8, 16, 32 or 64");
+  static_assert(D == 64 || D == 128, "head dim: 64 or 128");
+  using Mma = ScoreMma<D, N>;
+  using Fp8 = typename Mma::Fp8;
+  using Sum = HeadSum<N, H>;
+
+  struct SharedStorage {
+    alignas(1024) Fp8 q[2][N * D];
+    alignas(1024) Fp8 k[NUM_STAGES][kTileKeys * D];
+    alignas(16) float scale[NUM_STAGES][kTileKeys];
+    alignas(16) float weights[2][N];
+    int ks[2][BLOCK_Q], ke[2][BLOCK_Q];   // the unit's rows' key ranges (written by the producer)
+    alignas(8) uint64_t q_full[2], q_empty[2];
+    uint64_t k_full[NUM_STAGES], k_empty[NUM_STAGES];
+  };
+  static constexpr int kSmemBytes = Sm90SmemSize<SharedStorage>::kBytes;
+  static constexpr unsigned kQBytes = N * D + N * sizeof(float);
+  static constexpr unsigned kTileBytes = kTileKeys * D + kTileKeys * sizeof(float);
+  // setmaxnreg: 128 x (40 + 2 x 232) = 64512 <= 65536.
+  static constexpr int kRegsProducer = 40;
+  static constexpr int kRegsMath = 232;
+};
+
+namespace detail {
+
+// One work unit: q block qb, chunk [c0, c1) of the keys, and its tiles [t0, t0 + 64 n_tiles).
+struct Unit {
+  int qb, c0, c1, t0, n_tiles;
+};
+
+template <typename Cfg>
+__device__ __forceinline__ Unit unit_of(const LogitsParams& p, int u) {
+  Unit w;
+  w.qb = u / p.num_chunks;
+  w.c0 = (u - w.qb * p.num_chunks) * p.chunk_keys;
+  w.c1 = min(p.n, w.c0 + p.chunk_keys);
+  int lo = p.n, hi = 0;
+  const int r0 = w.qb * Cfg::BLOCK_Q, r1 = min(p.m, r0 + Cfg::BLOCK_Q);
+#pragma unroll 2   // (the producer warpgroup runs this with 40 registers)
+  for (int r = r0; r < r1; ++r) {
+    const int s = max(__ldg(p.ks + r), 0), e = min(__ldg(p.ke + r), p.n);
+    if (s < e) {
+      lo = min(lo, s);
+      hi = max(hi, e);
+    }
+  }
+  lo = max(lo, w.c0);
+  hi = min(hi, w.c1);
+  w.t0 = lo < hi ? (lo & ~(kTileKeys - 1)) : w.c0;
+  w.n_tiles = lo < hi ? (hi - w.t0 + kTileKeys - 1) / kTileKeys : 0;
+  return w;
+}
+
+template <typename Cfg>
+__device__ __forceinline__ int num_units(const LogitsParams& p) {
+  return p.num_q_blocks * p.num_chunks;
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void producer(typename Cfg::SharedStorage& ss, const LogitsParams& p,
+                                         const TmaDescriptor* q_desc, const TmaDescriptor* w_desc,
+                                         const TmaDescriptor* k_desc, const TmaDescriptor* s_desc) {
+  constexpr int NS = Cfg::NUM_STAGES;
+  const uint64_t k_policy = l2_evict_last_policy();   // every q block reads the same keys
+  uint32_t q_iter = 0, kv_iter = 0;
+  const int units = num_units<Cfg>(p);
+#pragma unroll 1
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const Unit w = unit_of<Cfg>(p, u);
+    if (w.n_tiles == 0) continue;
+    const int x = q_iter & 1;
+    mbarrier_wait(&ss.q_empty[x], ((q_iter >> 1) & 1) ^ 1);
+    // The rows' key ranges for the math warpgroups' stores (the arrive below releases them).
+#pragma unroll 1
+    for (int q = 0; q < Cfg::BLOCK_Q; ++q) {
+      const int r = w.qb * Cfg::BLOCK_Q + q;
+      ss.ks[x][q] = r < p.m ? __ldg(p.ks + r) : 0;
+      ss.ke[x][q] = r < p.m ? __ldg(p.ke + r) : 0;
+    }
+    mbarrier_arrive_expect_tx(&ss.q_full[x], Cfg::kQBytes);
+    tma_load_2d(ss.q[x], q_desc, &ss.q_full[x], 0, w.qb * Cfg::N);
+    tma_load_2d(ss.weights[x], w_desc, &ss.q_full[x], 0, w.qb * Cfg::BLOCK_Q);
+    ++q_iter;
+#pragma unroll 1
+    for (int i = 0; i < w.n_tiles; ++i, ++kv_iter) {
+      const int s = kv_iter % NS;
+      mbarrier_wait(&ss.k_empty[s], ((kv_iter / NS) & 1) ^ 1);
+      mbarrier_arrive_expect_tx(&ss.k_full[s], Cfg::kTileBytes);
+      const int key0 = w.t0 + i * kTileKeys;
+      tma_load_2d_hint(ss.k[s], k_desc, &ss.k_full[s], 0, key0, k_policy);
+      tma_load_1d(ss.scale[s], s_desc, &ss.k_full[s], key0);
+    }
+  }
+}
+
+// -inf into the columns [a, b) of a row (a a multiple of 4; `lane` of `lanes` threads).
+__device__ __forceinline__ void fill_neg_inf(float* row, int a, int b, int lane, int lanes) {
+  const int b4 = a + ((b - a) & ~3);
+  const float4 v = make_float4(kNegInf, kNegInf, kNegInf, kNegInf);
+  for (int c = a + 4 * lane; c < b4; c += 4 * lanes) *reinterpret_cast<float4*>(row + c) = v;
+  if (lane < b - b4) row[b4 + lane] = kNegInf;
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void cleaner(const LogitsParams& p, int lane, int lanes) {
+  const int units = num_units<Cfg>(p);
+#pragma unroll 1
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const Unit w = unit_of<Cfg>(p, u);
+    const int tiles_end = w.t0 + w.n_tiles * kTileKeys;
+    const int r0 = w.qb * Cfg::BLOCK_Q, r1 = min(p.m, r0 + Cfg::BLOCK_Q);
+#pragma unroll 1
+    for (int r = r0; r < r1; ++r) {
+      float* row = p.logits + r * p.stride;
+      fill_neg_inf(row, w.c0, w.t0, lane, lanes);
+      if (tiles_end < w.c1) fill_neg_inf(row, tiles_end, w.c1, lane, lanes);
+    }
+  }
+}
+
+// A math warpgroup's view of its unit: the head weights of its columns, its Q slot and first row.
+// A lane stores rows row0 + Sum::out_token(m, lane) (BLOCK_Q is even, so every lane owns its
+// values; rows past m lie in the buffer's row padding: written, never read).
+template <typename Cfg>
+struct MathUnit {
+  float w[Cfg::Sum::kWeights];
+  int row0, x;
+};
+
+template <typename Cfg>
+__device__ __forceinline__ void load_math_unit(const typename Cfg::SharedStorage& ss, const Unit& w, int x, int lane,
+                                               MathUnit<Cfg>& mu) {
+  using Sum = typename Cfg::Sum;
+  static_assert(Sum::Q == Cfg::BLOCK_Q && Sum::Q % 2 == 0, "every lane owns its values");
+#pragma unroll
+  for (int i = 0; i < Sum::kWeights; ++i) mu.w[i] = ss.weights[x][Sum::weight_column(i, lane)];
+  mu.row0 = w.qb * Cfg::BLOCK_Q;
+  mu.x = x;
+}
+
+// Tile i of the unit (the CTA's g-th): its stage is full; sum the accumulator, release the stage,
+// store.
+template <typename Cfg, typename Frag>
+__device__ __forceinline__ void finish_tile(typename Cfg::SharedStorage& ss, const LogitsParams& p,
+                                            const MathUnit<Cfg>& mu, int key0, uint32_t g, const Frag& acc,
+                                            int warp, int lane) {
+  using Sum = typename Cfg::Sum;
+  const int s = g % Cfg::NUM_STAGES;
+  const int row_in_tile = warp * 16 + lane / 4;
+  const float scale[2] = {ss.scale[s][row_in_tile], ss.scale[s][row_in_tile + 8]};
+  __syncwarp();
+  if (lane == 0) mbarrier_arrive(&ss.k_empty[s]);
+  float out[Sum::kOut];
+  Sum::run(acc, mu.w, scale, out, lane);
+  const int key = key0 + row_in_tile + 8 * Sum::out_half(lane);
+#pragma unroll
+  for (int m = 0; m < Sum::kOut; ++m) {
+    const int q = Sum::out_token(m, lane);
+    float* row = p.logits + (mu.row0 + q) * p.stride;
+    const int ks = ss.ks[mu.x][q];
+    if (p.max_seqlen_k > 0) {
+      const int col = key - ks;
+      if (col >= 0 && col < p.max_seqlen_k) row[col] = out[m];
+    } else {
+      const bool seen = key >= ks && key < ss.ke[mu.x][q];
+      row[key] = (p.clean && !seen) ? kNegInf : out[m];
+    }
+  }
+}
+
+template <typename Cfg, typename Frag>
+__device__ __forceinline__ void wait_and_issue(typename Cfg::SharedStorage& ss, int x, uint32_t g, int tw, Frag& acc) {
+  const int s = g % Cfg::NUM_STAGES;
+  mbarrier_wait(&ss.k_full[s], (g / Cfg::NUM_STAGES) & 1);
+  Cfg::Mma::issue(ss.k[s], ss.q[x], tw, acc);
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void math(typename Cfg::SharedStorage& ss, const LogitsParams& p, int wg) {
+  const int tw = threadIdx.x % 128, warp = tw / 32, lane = tw % 32;
+  auto acc0 = Cfg::Mma::make_acc();
+  auto acc1 = Cfg::Mma::make_acc();
+  MathUnit<Cfg> mu;
+  uint32_t q_iter = 0, kv_iter = 0;
+  const int units = num_units<Cfg>(p);
+#pragma unroll 1
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const Unit w = unit_of<Cfg>(p, u);
+    if (w.n_tiles == 0) continue;
+    const int x = q_iter & 1;
+    mbarrier_wait(&ss.q_full[x], (q_iter >> 1) & 1);
+    load_math_unit<Cfg>(ss, w, x, lane, mu);
+    // This warpgroup's tiles: i = wg, wg + 2, ...; two in flight (acc0 / acc1 alternate).
+    const int count = (w.n_tiles - wg + 1) / 2;
+    if (count > 0) wait_and_issue<Cfg>(ss, x, kv_iter + wg, tw, acc0);
+#pragma unroll 1
+    for (int k = 0; k < count; k += 2) {
+      const int i = wg + 2 * k;
+      if (k + 1 < count) {
+        wait_and_issue<Cfg>(ss, x, kv_iter + i + 2, tw, acc1);
+        cute::warpgroup_wait<1>();
+      } else {
+        cute::warpgroup_wait<0>();
+      }
+      finish_tile<Cfg>(ss, p, mu, w.t0 + i * kTileKeys, kv_iter + i, acc0, warp, lane);
+      if (k + 1 >= count) break;
+      if (k + 2 < count) {
+        wait_and_issue<Cfg>(ss, x, kv_iter + i + 4, tw, acc0);
+        cute::warpgroup_wait<1>();
+      } else {
+        cute::warpgroup_wait<0>();
+      }
+      finish_tile<Cfg>(ss, p, mu, w.t0 + (i + 2) * kTileKeys, kv_iter + i + 2, acc1, warp, lane);
+    }
+    // Every wgmma of this warpgroup that read Q retired (waited above): release the Q slot.
+    if (tw == 0) mbarrier_arrive(&ss.q_empty[x]);
+    kv_iter += w.n_tiles;
+    ++q_iter;
+  }
+}
+
+}  // namespace detail
+
+template <typename Cfg>
+__device__ __forceinline__ void logits_body(const LogitsParams& p, const TmaDescriptor* q_desc,
+                                            const TmaDescriptor* w_desc, const TmaDescriptor* k_desc,
+                                            const TmaDescriptor* s_desc) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using SS = typename Cfg::SharedStorage;
+  SS& ss = aligned_shared_storage<SS>(smem_raw);
+  const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
+  if (threadIdx.x == 0) {
+    prefetch_tma_descriptor(q_desc);
+    prefetch_tma_descriptor(w_desc);
+    prefetch_tma_descriptor(k_desc);
+    prefetch_tma_descriptor(s_desc);
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      mbarrier_init(&ss.q_full[x], 1);
+      mbarrier_init(&ss.q_empty[x], 2);
+    }
+#pragma unroll
+    for (int s = 0; s < Cfg::NUM_STAGES; ++s) {
+      mbarrier_init(&ss.k_full[s], 1);
+      mbarrier_init(&ss.k_empty[s], 4);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (warp < 4) {
+    setmaxnreg_dec<Cfg::kRegsProducer>();
+    if (warp == 0) {
+      if (cute::elect_one_sync()) detail::producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc);
+    } else if (p.clean && p.max_seqlen_k == 0) {
+      detail::cleaner<Cfg>(p, int(threadIdx.x) - 32, 96);
+    }
+  } else {
+    setmaxnreg_inc<Cfg::kRegsMath>();
+    detail::math<Cfg>(ss, p, warp / 4 - 1);
+  }
+}
+
+}  // namespace indexer
+}  // namespace mla_jit

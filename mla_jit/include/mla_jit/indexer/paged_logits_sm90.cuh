@@ -1,0 +1,204 @@
+// mla_jit indexer, sm_90a: fp8_paged_mqa_logits (DeepGEMM's API), the decode form: NEXT_N query
+// tokens of each batch entry against its paged FP8 key cache,
+//   logits[b * NEXT_N + j, key] = sum_h relu(q[b, j, h] . k[key]) * weights[b * NEXT_N + j, h] * scale[key]
+// for the keys row j sees (context_lens, 1-D or 2-D; indexer/common.cuh), -inf for the other keys
+// of the 64-key tiles it computes.
+//
+// A cache page (uint8, stride(0) bytes apart) holds PAGE keys of D e4m3 values, then PAGE float32
+// scales. Work: 64-key tiles of the batch entries' keys, cut into one contiguous range per CTA by
+// the schedule (get_paged_mqa_logits_metadata: {batch, tile} where CTA c starts). Roles as the
+// ragged kernel's (logits_sm90.cuh): warp 0 loads (TMA: Q and weights per batch entry, then each
+// tile's page(s) and scales through the block table), warps 1-3 clean (rows c, c + grid, ...:
+// -inf past the entry's last tile, clean_logits), warpgroups 1 and 2 compute the CTA's tiles
+// alternately (tile g of the CTA to warpgroup g % 2). The kernel is memory-bound: the producer runs
+// NUM_STAGES tiles ahead, and each math warpgroup's epilogue overlaps the other's wgmma.
+// Pages past block_table's columns, and block ids outside the cache, load zeros (TMA bounds).
+#pragma once
+
+#include "logits_sm90.cuh"
+
+namespace mla_jit {
+namespace indexer {
+
+template <int H_, int D_, int NEXT_N_, int PAGE_, int NUM_STAGES_>
+struct PagedSm90Config {
+  static constexpr int H = H_, D = D_, NEXT_N = NEXT_N_, PAGE = PAGE_, NUM_STAGES = NUM_STAGES_;
+  static constexpr int N = NEXT_N * H;
+  static constexpr int NUM_THREADS = 384;
+  static_assert(H == 8 || H == 16 || H == 32 || H == 64, "heads: 8, 16, 32 or 64");
+  static_assert(D == 64 || D == 128, "head dim: 64 or 128");
+  static_assert(NEXT_N >= 1 && N <= 256, "next_n x heads: at most 256 (one wgmma N)");
+  static_assert(PAGE == 32 || PAGE == 64 || PAGE == 128, "page: 32, 64 or 128 keys");
+  static constexpr int kBoxKeys = PAGE < kTileKeys ? PAGE : kTileKeys;   // keys per TMA box
+  static constexpr int kBoxes = kTileKeys / kBoxKeys;                      // boxes per tile
+  using Mma = ScoreMma<D, N>;
+  using Fp8 = typename Mma::Fp8;
+  using Sum = HeadSum<N, H>;
+
+  struct SharedStorage {
+    alignas(1024) Fp8 q[2][N * D];
+    alignas(1024) Fp8 k[NUM_STAGES][kTileKeys * D];
+    alignas(16) float scale[NUM_STAGES][kTileKeys];
+    alignas(16) float weights[2][N];
+    alignas(8) uint64_t q_full[2], q_empty[2];
+    uint64_t k_full[NUM_STAGES], k_empty[NUM_STAGES];
+  };
+  static constexpr int kSmemBytes = Sm90SmemSize<SharedStorage>::kBytes;
+  static constexpr unsigned kQBytes = N * D + N * sizeof(float);
+  static constexpr unsigned kTileBytes = kTileKeys * D + kTileKeys * sizeof(float);
+  static constexpr int kRegsProducer = 40;
+  static constexpr int kRegsMath = 232;
+};
+
+namespace detail {
+
+__device__ __forceinline__ int paged_tiles(const PagedParams& p, int bi) {
+  return (paged_keys(p.context_lens, bi, p.next_n, p.lens_2d) + kTileKeys - 1) / kTileKeys;
+}
+
+// Calls f(batch, first tile, end tile) for each batch entry of this CTA's range of the schedule,
+// in order. Bounded by the batch size and each entry's tiles whatever the schedule holds.
+template <typename F>
+__device__ __forceinline__ void for_each_segment(const PagedParams& p, F&& f) {
+  const int c = blockIdx.x;
+  int bi = max(__ldg(p.schedule + 2 * c), 0), t = max(__ldg(p.schedule + 2 * c + 1), 0);
+  const int b_end = __ldg(p.schedule + 2 * c + 2), t_end = __ldg(p.schedule + 2 * c + 3);
+#pragma unroll 1
+  for (; bi < p.b && bi <= b_end; ++bi, t = 0) {
+    const int n = paged_tiles(p, bi);
+    const int last = bi == b_end ? min(t_end, n) : n;
+    if (t < last) f(bi, t, last);
+  }
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void paged_producer(typename Cfg::SharedStorage& ss, const PagedParams& p,
+                                               const TmaDescriptor* q_desc, const TmaDescriptor* w_desc,
+                                               const TmaDescriptor* k_desc, const TmaDescriptor* s_desc) {
+  constexpr int NS = Cfg::NUM_STAGES;
+  const uint64_t k_policy = l2_evict_first_policy();   // each page is read once
+  uint32_t q_iter = 0, kv_iter = 0;
+  for_each_segment(p, [&](int bi, int t_first, int t_last) {
+    const int x = q_iter & 1;
+    mbarrier_wait(&ss.q_empty[x], ((q_iter >> 1) & 1) ^ 1);
+    mbarrier_arrive_expect_tx(&ss.q_full[x], Cfg::kQBytes);
+    tma_load_2d(ss.q[x], q_desc, &ss.q_full[x], 0, bi * Cfg::N);
+    tma_load_2d(ss.weights[x], w_desc, &ss.q_full[x], 0, bi * Cfg::NEXT_N);
+    ++q_iter;
+    const int* table = p.block_table + bi * p.block_table_stride;
+#pragma unroll 1
+    for (int t = t_first; t < t_last; ++t, ++kv_iter) {
+      const int s = kv_iter % NS;
+      mbarrier_wait(&ss.k_empty[s], ((kv_iter / NS) & 1) ^ 1);
+      mbarrier_arrive_expect_tx(&ss.k_full[s], Cfg::kTileBytes);
+#pragma unroll
+      for (int box = 0; box < Cfg::kBoxes; ++box) {
+        const int key0 = t * kTileKeys + box * Cfg::kBoxKeys;
+        const int page = key0 / Cfg::PAGE, row = key0 % Cfg::PAGE;
+        const int block = page < p.max_blocks ? __ldg(table + page) : -1;   // -1: zeros
+        tma_load_3d_hint(ss.k[s] + box * Cfg::kBoxKeys * Cfg::D, k_desc, &ss.k_full[s], 0, row, block, k_policy);
+        tma_load_2d(ss.scale[s] + box * Cfg::kBoxKeys, s_desc, &ss.k_full[s], row, block);
+      }
+    }
+  });
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void paged_cleaner(const PagedParams& p, int lane, int lanes) {
+  const int rows = p.b * p.next_n;
+#pragma unroll 1
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int first = min(paged_tiles(p, r / p.next_n) * kTileKeys, p.max_context_len);
+    fill_neg_inf(p.logits + r * p.stride, first, p.max_context_len, lane, lanes);
+  }
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void paged_math(typename Cfg::SharedStorage& ss, const PagedParams& p, int wg) {
+  using Sum = typename Cfg::Sum;
+  const int tw = threadIdx.x % 128, warp = tw / 32, lane = tw % 32;
+  const int row_in_tile = warp * 16 + lane / 4;
+  auto acc = Cfg::Mma::make_acc();
+  float w[Sum::kWeights];
+  int limit[Sum::kOut], row[Sum::kOut];
+  uint32_t q_iter = 0, kv_iter = 0;
+  for_each_segment(p, [&](int bi, int t_first, int t_last) {
+    const int x = q_iter & 1;
+    mbarrier_wait(&ss.q_full[x], (q_iter >> 1) & 1);
+#pragma unroll
+    for (int i = 0; i < Sum::kWeights; ++i) w[i] = ss.weights[x][Sum::weight_column(i, lane)];
+#pragma unroll
+    for (int m = 0; m < Sum::kOut; ++m) {
+      const int j = Sum::out_token(m, lane);
+      const bool stored = Sum::out_owner(lane) && j < Cfg::NEXT_N;
+      row[m] = stored ? bi * Cfg::NEXT_N + j : -1;
+      limit[m] = stored ? paged_row_limit(p.context_lens, bi, j, Cfg::NEXT_N, p.lens_2d) : 0;
+    }
+    const int first = t_first + ((kv_iter + wg) & 1);   // this warpgroup's first tile
+#pragma unroll 1
+    for (int t = first; t < t_last; t += 2) {
+      const uint32_t g = kv_iter + (t - t_first);
+      const int s = g % Cfg::NUM_STAGES;
+      mbarrier_wait(&ss.k_full[s], (g / Cfg::NUM_STAGES) & 1);
+      Cfg::Mma::issue(ss.k[s], ss.q[x], tw, acc);
+      cute::warpgroup_wait<0>();
+      const float scale[2] = {ss.scale[s][row_in_tile], ss.scale[s][row_in_tile + 8]};
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(&ss.k_empty[s]);
+      float out[Sum::kOut];
+      Sum::run(acc, w, scale, out, lane);
+      const int key = t * kTileKeys + row_in_tile + 8 * Sum::out_half(lane);
+#pragma unroll
+      for (int m = 0; m < Sum::kOut; ++m) {
+        if (row[m] >= 0 && key < p.stride) p.logits[row[m] * p.stride + key] = key < limit[m] ? out[m] : kNegInf;
+      }
+    }
+    if (tw == 0) mbarrier_arrive(&ss.q_empty[x]);
+    kv_iter += t_last - t_first;
+    ++q_iter;
+  });
+}
+
+}  // namespace detail
+
+template <typename Cfg>
+__device__ __forceinline__ void paged_logits_body(const PagedParams& p, const TmaDescriptor* q_desc,
+                                                  const TmaDescriptor* w_desc, const TmaDescriptor* k_desc,
+                                                  const TmaDescriptor* s_desc) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using SS = typename Cfg::SharedStorage;
+  SS& ss = aligned_shared_storage<SS>(smem_raw);
+  const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
+  if (threadIdx.x == 0) {
+    prefetch_tma_descriptor(q_desc);
+    prefetch_tma_descriptor(w_desc);
+    prefetch_tma_descriptor(k_desc);
+    prefetch_tma_descriptor(s_desc);
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      mbarrier_init(&ss.q_full[x], 1);
+      mbarrier_init(&ss.q_empty[x], 2);
+    }
+#pragma unroll
+    for (int s = 0; s < Cfg::NUM_STAGES; ++s) {
+      mbarrier_init(&ss.k_full[s], 1);
+      mbarrier_init(&ss.k_empty[s], 4);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (warp < 4) {
+    setmaxnreg_dec<Cfg::kRegsProducer>();
+    if (warp == 0) {
+      if (cute::elect_one_sync()) detail::paged_producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc);
+    } else if (p.clean) {
+      detail::paged_cleaner<Cfg>(p, int(threadIdx.x) - 32, 96);
+    }
+  } else {
+    setmaxnreg_inc<Cfg::kRegsMath>();
+    detail::paged_math<Cfg>(ss, p, warp / 4 - 1);
+  }
+}
+
+}  // namespace indexer
+}  // namespace mla_jit
