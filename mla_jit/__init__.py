@@ -21,10 +21,14 @@ _OPS = {
     "FlashMLASchedMeta": ".ops.decode",
     "merge_attn_states": ".ops.merge",
     "flash_attn_varlen_func": ".ops.prefill",
+    "fp8_mqa_logits": ".ops.indexer",
+    "get_paged_mqa_logits_metadata": ".ops.indexer",
+    "fp8_paged_mqa_logits": ".ops.indexer",
     "release_workspaces": ".runtimes.workspace",
 }
 # The public ops that are torch custom ops (torch.ops.mla_jit.<name>), each with a fake implementation.
-TORCH_OPS = ("get_mla_metadata", "flash_mla_with_kvcache", "merge_attn_states", "flash_attn_varlen_func")
+TORCH_OPS = ("get_mla_metadata", "flash_mla_with_kvcache", "merge_attn_states", "flash_attn_varlen_func",
+             "fp8_mqa_logits", "get_paged_mqa_logits_metadata", "fp8_paged_mqa_logits")
 
 __all__ = [
     *_OPS,

@@ -41,6 +41,7 @@ if [ -d .prev/mla_jit_prev ]; then
   BENCH_AGAINST_PACKAGE=${BENCH_AGAINST_PACKAGE:-mla_jit_prev}
 fi
 # Prefill (every head-dim pair the tests use) and merge kernels.
+if [ -z "${SKIP_PREFILL_PREWARM:-}" ]; then
 configs=()
 for dims in 192,128,2 128,128,3 64,64,3; do
   IFS=, read -r d dv stages <<<"$dims"
@@ -53,6 +54,14 @@ done
 python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op merge_attn_states "${configs[@]}" 2>&1 | tail -n 2
 python3 -m mla_jit.cli prewarm --jobs 8 --op flash_attn_varlen_func --arch sm_80@sm_90a --arch sm_89@sm_90a \
   2>&1 | tail -n 1
+fi
+# The indexer: the presets' kernels (H 64/32/16/8, D 128, page 64, next_n 1-4) and the others the tests use.
+configs=()
+for h in 8 16 32 64; do configs+=(--config "indexer_logits_sm90:heads=$h,head_dim=64"); done
+for page in 32 128; do configs+=(--config "indexer_paged_sm90:heads=64,head_dim=128,next_n=2,page_size=$page,num_stages=12"); done
+configs+=(--config "indexer_paged_sm90:heads=32,head_dim=64,next_n=1,page_size=64,num_stages=12")
+python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op fp8_mqa_logits --op fp8_paged_mqa_logits \
+  --op get_paged_mqa_logits_metadata "${configs[@]}" 2>&1 | tail -n 2
 status=0
 if [ -z "${SKIP_MAIN_TESTS:-}" ]; then
   # A protocol bug in a kernel shows up as a hang, which no in-process timeout can interrupt.
@@ -92,6 +101,10 @@ if [ -z "${SKIP_PREFILL_BENCH:-}" ]; then
       --json "$OUT/bench_prefill_$arch.json" 2>&1 \
       | tee "$OUT/bench_prefill_$arch.log" | tail -n 10
   done
+fi
+if [ -z "${SKIP_INDEXER_BENCH:-}" ]; then
+  timeout "${BENCH_TIMEOUT:-400}" python3 bench/bench_indexer.py ${INDEXER_BENCH_ARGS:-} --json "$OUT/bench_indexer.json" 2>&1 \
+    | tee "$OUT/bench_indexer.log" | tail -n 32
 fi
 if [ -n "${SPEC_BENCH:-}" ]; then  # decode with 1-16 query tokens a sequence (speculative decoding)
   python3 bench/bench_decode.py --spec-rows --json "$OUT/spec_decode.json" 2>&1 | tail -n 18

@@ -38,8 +38,9 @@ struct PagedSm90Config {
   struct SharedStorage {
     alignas(1024) Fp8 q[2][N * D];
     alignas(1024) Fp8 k[NUM_STAGES][kTileKeys * D];
-    alignas(16) float scale[NUM_STAGES][kTileKeys];
-    alignas(16) float weights[2][N];
+    // (TMA destinations: 128-byte aligned, each slot a multiple of 128 bytes)
+    alignas(128) float scale[NUM_STAGES][kTileKeys];
+    alignas(128) float weights[2][(N + 31) / 32 * 32];
     alignas(8) uint64_t q_full[2], q_empty[2];
     uint64_t k_full[NUM_STAGES], k_empty[NUM_STAGES];
   };

@@ -1,0 +1,161 @@
+"""Launch plans of the DeepSeek V3.2 indexer: the kernel for a layout (heads, head dim, next_n, page
+size, device), its launch, the work split, and the TMA descriptors (memoized by pointer and layout:
+engines reuse their buffers call after call).
+
+The op layer (ops/indexer.py) validates arguments and asks for a plan; the plan enqueues calls.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..configs.indexer import (LOGITS_N, SM90_TUNINGS, TILE_KEYS, IndexerMetadataConfig, logits_chunk_keys,
+                               logits_config, paged_config)
+from ..errors import FeatureNotAvailableError
+from ..jit import env, tma
+from ..jit.arch import resolve_for_device
+from ..jit.launch import TMA_DESC, Blob
+from ..jit.loader import read_global_int32
+from ..jit.stream import current_stream
+from . import registry
+from .device import num_sms as _num_sms
+from .indexer import LOGITS_PARAMS, METADATA_PARAMS, PAGED_PARAMS
+
+MAX_PLANS = 1024
+MAX_DESCRIPTORS = 4096
+plans: dict[tuple, object] = {}            # layout signature -> LogitsPlan / PagedPlan / MetadataPlan
+_descriptors: dict[tuple, tma.TmaDescriptor] = {}
+# The variable that picks a kernel: part of the plan keys (read raw on the warm path).
+plan_env = env.raw_reader("MLA_JIT_ARCH")
+METADATA_THREADS = 256
+
+
+def reset() -> None:
+    """Forget every plan and descriptor (tests use this, with registry.reset_all, to act as a new process)."""
+    plans.clear()
+    _descriptors.clear()
+
+
+def _memo(key: tuple, make) -> tma.TmaDescriptor:
+    desc = _descriptors.get(key)
+    if desc is None:
+        if len(_descriptors) >= MAX_DESCRIPTORS:   # callers with ever-new buffers: keep the memo bounded
+            _descriptors.clear()
+        desc = _descriptors[key] = make()
+    return desc
+
+
+def _tiled(t: torch.Tensor, box: tuple[int, ...], swizzle: int = 0) -> tma.TmaDescriptor:
+    return _memo((t.data_ptr(), t.shape, t.stride(), t.dtype, box, swizzle),
+                 lambda: tma.tiled(t, box, swizzle=swizzle))
+
+
+def _sm90_arch(device_index: int, argument: str):
+    arch = resolve_for_device(device_index)
+    if arch.tuning.name not in SM90_TUNINGS:
+        raise FeatureNotAvailableError(argument, f"the V3.2 indexer on {arch.tuning.name} (sm_90a only so far)")
+    return arch
+
+
+class LogitsPlan:
+    """fp8_mqa_logits for one (heads, head dim, device)."""
+
+    __slots__ = ("cfg", "launch", "device_index", "heads", "head_dim", "num_sms")
+
+    def __init__(self, heads: int, head_dim: int, device_index: int):
+        self.device_index = device_index
+        arch = _sm90_arch(device_index, "q")
+        self.heads, self.head_dim = heads, head_dim
+        self.cfg = logits_config(heads, head_dim, arch.tuning)
+        self.num_sms = _num_sms(device_index)
+        family = registry.get("indexer_logits_sm90")
+        smem = read_global_int32(family.binary(self.cfg, arch), f"{family.ENTRY}_smem_bytes", device_index)
+        params = (Blob(LOGITS_PARAMS.size), TMA_DESC, TMA_DESC, TMA_DESC, TMA_DESC)
+        self.launch = family.launcher(self.cfg, arch, family.ENTRY, device_index, params, (1, 1, 1), (384, 1, 1),
+                                      dynamic_smem=smem)
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
+            ke: torch.Tensor, logits: torch.Tensor, clean: bool, max_seqlen_k: int) -> None:
+        """Enqueue the call on the current stream (arguments validated by the op)."""
+        m, n = q.shape[0], k.shape[0]
+        if m == 0 or n == 0:
+            return
+        block_q = self.cfg.block_q
+        num_q_blocks = -(-m // block_q)
+        chunk = logits_chunk_keys(n, num_q_blocks, self.num_sms)
+        num_chunks = -(-n // chunk)
+        grid = min(num_q_blocks * num_chunks, self.num_sms)
+        params = LOGITS_PARAMS.pack(ks.data_ptr(), ke.data_ptr(), logits.data_ptr(), logits.stride(0), m, n,
+                                    num_q_blocks, num_chunks, chunk, max_seqlen_k, int(clean), 0)
+        d = self.head_dim
+        q_desc = _tiled(q.view(m * self.heads, d), (LOGITS_N, d), swizzle=d)
+        w_desc = _tiled(weights, (block_q, self.heads))
+        k_desc = _tiled(k, (TILE_KEYS, d), swizzle=d)
+        s_desc = _tiled(k_scale, (TILE_KEYS,))
+        self.launch(current_stream(self.device_index), params, q_desc, w_desc, k_desc, s_desc, grid=(grid, 1, 1))
+
+
+class PagedPlan:
+    """fp8_paged_mqa_logits for one (heads, head dim, next_n, page size, device)."""
+
+    __slots__ = ("cfg", "launch", "device_index", "heads", "head_dim", "next_n", "page")
+
+    def __init__(self, heads: int, head_dim: int, next_n: int, page: int, device_index: int):
+        self.device_index = device_index
+        arch = _sm90_arch(device_index, "q")
+        self.heads, self.head_dim, self.next_n, self.page = heads, head_dim, next_n, page
+        self.cfg = paged_config(heads, head_dim, next_n, page, arch.tuning)
+        family = registry.get("indexer_paged_sm90")
+        smem = read_global_int32(family.binary(self.cfg, arch), f"{family.ENTRY}_smem_bytes", device_index)
+        params = (Blob(PAGED_PARAMS.size), TMA_DESC, TMA_DESC, TMA_DESC, TMA_DESC)
+        self.launch = family.launcher(self.cfg, arch, family.ENTRY, device_index, params, (1, 1, 1), (384, 1, 1),
+                                      dynamic_smem=smem)
+
+    def _cache_descriptors(self, kv_cache: torch.Tensor) -> tuple[tma.TmaDescriptor, tma.TmaDescriptor]:
+        """The page values (D x page x blocks, e4m3 as bytes) and the page scales (page x blocks, fp32),
+        both through the cache's page stride."""
+        blocks, page, d, stride0 = kv_cache.shape[0], self.page, self.head_dim, kv_cache.stride(0)
+        box_keys = min(page, TILE_KEYS)
+        base = kv_cache.data_ptr()
+        values = _memo(("values", base, blocks, page, d, stride0), lambda: tma.encode(
+            tma.TmaSpec(torch.uint8, (d, page, blocks), (d, stride0), (d, box_keys, 1), swizzle=d), base))
+        scales = _memo(("scales", base, blocks, page, d, stride0), lambda: tma.encode(
+            tma.TmaSpec(torch.float32, (page, blocks), (stride0 // 4,), (box_keys, 1)), base + page * d))
+        return values, scales
+
+    def run(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+            block_table: torch.Tensor, schedule: torch.Tensor, max_context_len: int, logits: torch.Tensor,
+            clean: bool) -> None:
+        b = q.shape[0]
+        ctas = schedule.shape[0] - 1
+        if b == 0 or ctas <= 0 or kv_cache.shape[0] == 0:
+            if clean and logits.numel():
+                logits.fill_(float("-inf"))   # no key at all
+            return
+        params = PAGED_PARAMS.pack(context_lens.data_ptr(), block_table.data_ptr(), schedule.data_ptr(),
+                                   logits.data_ptr(), logits.stride(0), block_table.stride(0), b, self.next_n,
+                                   block_table.shape[1], int(context_lens.dim() == 2), max_context_len, int(clean))
+        n_cols = self.next_n * self.heads
+        q_desc = _tiled(q.view(b * n_cols, self.head_dim), (n_cols, self.head_dim), swizzle=self.head_dim)
+        w_desc = _tiled(weights, (self.next_n, self.heads))
+        k_desc, s_desc = self._cache_descriptors(kv_cache)
+        self.launch(current_stream(self.device_index), params, q_desc, w_desc, k_desc, s_desc, grid=(ctas, 1, 1))
+
+
+class MetadataPlan:
+    """get_paged_mqa_logits_metadata on one device (any arch)."""
+
+    __slots__ = ("launch", "device_index")
+
+    def __init__(self, device_index: int):
+        self.device_index = device_index
+        arch = resolve_for_device(device_index)
+        family = registry.get("indexer_metadata")
+        self.launch = family.launcher(IndexerMetadataConfig(), arch, family.ENTRY, device_index,
+                                      (Blob(METADATA_PARAMS.size),), (1, 1, 1), (METADATA_THREADS, 1, 1))
+
+    def run(self, context_lens: torch.Tensor, schedule: torch.Tensor) -> None:
+        b = context_lens.shape[0]
+        next_n = context_lens.shape[1] if context_lens.dim() == 2 else 1
+        params = METADATA_PARAMS.pack(context_lens.data_ptr(), schedule.data_ptr(), b, next_n,
+                                      int(context_lens.dim() == 2), schedule.shape[0] - 1)
+        self.launch(current_stream(self.device_index), params)
