@@ -45,8 +45,9 @@ def unpack_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def mqa_logits_reference(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
                          ks: torch.Tensor, ke: torch.Tensor, rows_per_step: int = 64):
-    """(logits, magnitude): logits float32 (m, n), -inf outside [ks, ke); magnitude the same sum with
-    |terms| (the scale of the rounding error an element may carry)."""
+    """(logits, magnitude): logits float32 (m, n), -inf outside [ks, ke); magnitude
+    sum_h |w_h| sum_d |q_hd k_d| (the scale of the rounding error an element may carry: the FP8
+    tensor cores accumulate the products with ~2^-14 relative precision)."""
     m, n = q.shape[0], k.shape[0]
     kf = k.float() * k_scale[:, None]
     cols = torch.arange(n, device=q.device)
@@ -57,7 +58,7 @@ def mqa_logits_reference(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
         score = torch.einsum("mhd,nd->mhn", qf, kf).relu()
         w = weights[r0:r0 + rows_per_step, :, None]
         logits[r0:r0 + rows_per_step] = (score * w).sum(1)
-        magnitude[r0:r0 + rows_per_step] = (score * w.abs()).sum(1)
+        magnitude[r0:r0 + rows_per_step] = (torch.einsum("mhd,nd->mhn", qf.abs(), kf.abs()) * w.abs()).sum(1)
     seen = (cols[None] >= ks[:, None].long()) & (cols[None] < ke[:, None].long())
     return logits.masked_fill(~seen, float("-inf")), magnitude
 
@@ -65,7 +66,7 @@ def mqa_logits_reference(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
 def paged_logits_reference(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                            context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int):
     """(logits, magnitude, limits): float32 (b * next_n, max_context_len), -inf past each row's keys;
-    limits int (b * next_n,) the keys each row sees."""
+    magnitude as mqa_logits_reference's; limits int (b * next_n,) the keys each row sees."""
     b, next_n, h, d = q.shape
     values, scales = unpack_cache(kv_cache)
     page = kv_cache.shape[1]
@@ -85,7 +86,8 @@ def paged_logits_reference(q: torch.Tensor, kv_cache: torch.Tensor, weights: tor
         keys = (values[pages] * scales[pages][..., None]).reshape(-1, d)[:n_keys]
         score = torch.einsum("jhd,nd->jhn", q[bi].float(), keys).relu()
         w = weights[bi * next_n:(bi + 1) * next_n, :, None]
-        out, mag = (score * w).sum(1), (score * w.abs()).sum(1)
+        out = (score * w).sum(1)
+        mag = (torch.einsum("jhd,nd->jhn", q[bi].float().abs(), keys.abs()) * w.abs()).sum(1)
         for j in range(next_n):
             lim = int(min(max(int(limits[bi * next_n + j]), 0), n_keys))
             logits[bi * next_n + j, :lim] = out[j, :lim]

@@ -15,10 +15,11 @@ from .indexer_reference import (expected_schedule, mqa_logits_reference, paged_c
 
 pytestmark = pytest.mark.gpu
 
-# |got - ref| <= _REL * magnitude + _ABS, magnitude = sum_h |w_h| relu(q_h . k): the FP8 wgmma
-# accumulates the 128-term dot products with ~2^-14 relative error (DeepSeek-V3 report), the rest
-# is float32.
-_REL, _ABS = 1e-3, 1e-4
+# Element bound |got - ref| <= _REL * magnitude + _ABS, magnitude = sum_h |w_h| sum_d |q_hd k_d|: the
+# FP8 wgmma accumulates the products with ~2^-14 relative precision (DeepSeek-V3 report; DeepGEMM's
+# kernels accumulate the same way), the rest is float32. And over all valid elements, a relative
+# L2 error under 1e-3 (DeepGEMM's own test asks calc_diff < 1e-3, a far looser measure).
+_REL, _ABS, _L2 = 2 ** -11, 1e-5, 1e-3
 
 
 def _poison_allocator(n_bytes: int = 1 << 28) -> None:
@@ -33,6 +34,9 @@ def _check_close(got: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor, 
     err = (g - r).abs()
     bound = _REL * mag + _ABS
     assert (err <= bound).all(), f"max err {err.max().item():.3e}, worst ratio {(err / bound).max().item():.2f}"
+    if r.numel():
+        rel = (err.norm() / r.norm().clamp(min=1e-30)).item()
+        assert rel < _L2, f"relative L2 error {rel:.2e}"
 
 
 def _ragged_inputs(m, n, h, d, seed, ranges="causal"):

@@ -90,7 +90,8 @@ class LogitsPlan:
         q_desc = _tiled(q.view(m * self.heads, d), (LOGITS_N, d), swizzle=d)
         w_desc = _tiled(weights, (block_q, self.heads))
         k_desc = _tiled(k, (TILE_KEYS, d), swizzle=d)
-        s_desc = _tiled(k_scale, (TILE_KEYS,))
+        s_desc = _memo(("k_scale", k_scale.data_ptr(), n), lambda: tma.encode(   # (a 2-D map: one row of n)
+            tma.TmaSpec(torch.float32, (n, 1), (-(-n // 4) * 4,), (TILE_KEYS, 1)), k_scale.data_ptr()))
         self.launch(current_stream(self.device_index), params, q_desc, w_desc, k_desc, s_desc, grid=(grid, 1, 1))
 
 

@@ -57,15 +57,6 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) {
       : "memory");
 }
 
-// 1D tiled TMA load of box (c0) into shared memory.
-__device__ __forceinline__ void tma_load_1d(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar, int32_t c0) {
-  asm volatile(
-      "cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3}], [%2];" ::"r"(smem_addr(smem_dst)),
-      "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)), "r"(c0)
-      : "memory");
-}
-
 // 2D tiled TMA load of box (c0, c1) (innermost coordinate first) into shared memory.
 __device__ __forceinline__ void tma_load_2d(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar,
                                             int32_t c0, int32_t c1) {

@@ -181,7 +181,7 @@ __device__ __forceinline__ void producer(typename Cfg::SharedStorage& ss, const 
       mbarrier_arrive_expect_tx(&ss.k_full[s], Cfg::kTileBytes);
       const int key0 = w.t0 + i * kTileKeys;
       tma_load_2d_hint(ss.k[s], k_desc, &ss.k_full[s], 0, key0, k_policy);
-      tma_load_1d(ss.scale[s], s_desc, &ss.k_full[s], key0);
+      tma_load_2d(ss.scale[s], s_desc, &ss.k_full[s], key0, 0);
     }
   }
 }
