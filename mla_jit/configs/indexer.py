@@ -20,14 +20,14 @@ SMEM_LIMIT = 227 * 1024
 
 
 def _smem(n_cols: int, head_dim: int, stages: int) -> int:
-    """Shared memory of the sm90 kernels: two Q slots, the key stages, barriers and alignment."""
+    """Shared memory of the sm90 kernels: two Q slots of n_cols rows, the key stages, barriers and alignment."""
     q = 2 * n_cols * head_dim + 2 * n_cols * 4
     return q + stages * (TILE_KEYS * head_dim + TILE_KEYS * 4) + 1024 + 1024
 
 
 @dataclass(frozen=True)
 class LogitsConfig:
-    """fp8_mqa_logits on sm_90a: q blocks of 128 / heads tokens, 64-key tiles through num_stages."""
+    """fp8_mqa_logits on sm_90a: q blocks of 256 / heads tokens, 64-key tiles through num_stages."""
     heads: int
     head_dim: int
     num_stages: int = 8
@@ -36,12 +36,13 @@ class LogitsConfig:
         check_fields(self, heads=INDEXER_HEADS, head_dim=INDEXER_HEAD_DIMS, num_stages=range(2, 17))
 
     @property
-    def block_q(self) -> int:
-        return LOGITS_N // self.heads
+    def unit_rows(self) -> int:
+        """Query rows of a work unit: two math warpgroups of 128 / heads rows."""
+        return 2 * LOGITS_N // self.heads
 
     @property
     def smem_bytes(self) -> int:
-        return _smem(LOGITS_N, self.head_dim, self.num_stages)
+        return _smem(2 * LOGITS_N, self.head_dim, self.num_stages)
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ def fp8_mqa_logits(q, kv, weights: torch.Tensor, cu_seq_len_k_start: torch.Tenso
     q (m, H, D) float8_e4m3fn contiguous (or (q, None)), H in {8, 16, 32, 64}, D in {64, 128};
     kv = (k (n, D) e4m3 contiguous, k_scale (n,) float32 contiguous); weights (m, H) float32;
     cu_seq_len_k_start / _end int32 (m,): row i scores keys [ks[i], ke[i]) of k.
-    Returns float32 (m, n), a view of a (align(m, 128 / H), align(n + 256, 256)) buffer; with
+    Returns float32 (m, n), a view of a (align(m, 256 / H), align(n + 256, 256)) buffer; with
     clean_logits the columns outside [ks, ke) hold -inf, else they are unspecified. max_seqlen_k > 0
     returns the compressed (m, max_seqlen_k) form instead (column c is key ks[i] + c; needs
     clean_logits=False, and ke - ks <= max_seqlen_k)."""
@@ -103,7 +103,7 @@ def _logits_eager(q, k, k_scale, weights, ks, ke, clean_logits=True, max_seqlen_
             runtime.plans[signature] = plan
     m, n = q.shape[0], k.shape[0]
     cols = max_seqlen_k if max_seqlen_k > 0 else n
-    buffer = torch.empty((_align(m, LOGITS_N // q.shape[1]), _logits_stride(n, max_seqlen_k)), dtype=torch.float32,
+    buffer = torch.empty((_align(m, 2 * LOGITS_N // q.shape[1]), _logits_stride(n, max_seqlen_k)), dtype=torch.float32,
                          device=q.device)
     logits = buffer[:m, :cols]
     plan.run(q, k, k_scale, weights, ks, ke, logits, bool(clean_logits), max_seqlen_k)

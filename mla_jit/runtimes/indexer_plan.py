@@ -79,8 +79,8 @@ class LogitsPlan:
         m, n = q.shape[0], k.shape[0]
         if m == 0 or n == 0:
             return
-        block_q = self.cfg.block_q
-        num_q_blocks = -(-m // block_q)
+        unit_rows = self.cfg.unit_rows
+        num_q_blocks = -(-m // unit_rows)
         chunk = logits_chunk_keys(n, num_q_blocks, self.num_sms)
         num_chunks = -(-n // chunk)
         grid = min(num_q_blocks * num_chunks, self.num_sms)
@@ -88,7 +88,7 @@ class LogitsPlan:
                                     num_q_blocks, num_chunks, chunk, max_seqlen_k, int(clean), 0)
         d = self.head_dim
         q_desc = _tiled(q.view(m * self.heads, d), (LOGITS_N, d), swizzle=d)
-        w_desc = _tiled(weights, (block_q, self.heads))
+        w_desc = _tiled(weights, (unit_rows, self.heads))
         k_desc = _tiled(k, (TILE_KEYS, d), swizzle=d)
         s_desc = _memo(("k_scale", k_scale.data_ptr(), n), lambda: tma.encode(   # (a 2-D map: one row of n)
             tma.TmaSpec(torch.float32, (n, 1), (-(-n // 4) * 4,), (TILE_KEYS, 1)), k_scale.data_ptr()))

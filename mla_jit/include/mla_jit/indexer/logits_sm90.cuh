@@ -1,28 +1,30 @@
 // mla_jit indexer, sm_90a: fp8_mqa_logits (DeepGEMM's API), keys ragged per query row:
 //   logits[i, j] = sum_h relu(q[i, h] . k[j]) * weights[i, h] * k_scale[j]   for j in [ks[i], ke[i]).
 //
-// Work units: a q block (BLOCK_Q = 128 / H query rows, so the wgmma N = BLOCK_Q * H = 128) times a
-// chunk of chunk_keys keys; unit u = q block u / num_chunks, chunk u % num_chunks, handed out
-// round robin to the persistent CTAs (grid <= SMs). A unit visits the 64-key tiles of its chunk
-// that some row of its q block sees ([min ks, max ke) of the block, from a 64-aligned start).
+// Work units: a q block (UNIT_Q = 256 / H query rows: two halves of BLOCK_Q = 128 / H rows, so
+// each math warpgroup's wgmma N is BLOCK_Q * H = 128) times a chunk of chunk_keys keys; unit u =
+// q block u / num_chunks, chunk u % num_chunks, handed out round robin to the persistent CTAs
+// (grid <= SMs). A unit visits the 64-key tiles of its chunk that some row of its q block sees
+// ([min ks, max ke) of the block, from a 64-aligned start).
 //
 // Roles (384 threads):
-//   warp 0 (producer): TMA of each unit's Q (128 x D e4m3) and weights, then its K tiles (64 x D
-//     e4m3) and k_scale into a NUM_STAGES ring.
+//   warp 0 (producer): TMA of each unit's Q (two 128 x D e4m3 halves) and weights, then its K
+//     tiles (64 x D e4m3) and k_scale into a NUM_STAGES ring; the warp reads the rows' ranges.
 //   warps 1-3 (cleaners, clean_logits in the full form): -inf into the columns of each unit's
 //     chunk (< n) outside its tiles. The math warpgroups write every column of the tiles
 //     (-inf where the row does not see the key), so the two never write the same column and need
 //     no synchronization.
-//   warpgroups 1, 2 (math): tile i of a unit goes to warpgroup i % 2. Each keeps two accumulators:
-//     the wgmma of its next tile runs while the epilogue of the current one (relu, head weights,
-//     sum over heads, k_scale; indexer/common.cuh) runs on the CUDA cores.
+//   warpgroups 1, 2 (math): warpgroup w scores its half of the q block's rows against every tile
+//     (both read each K tile: half the K traffic of one q half per CTA). Each keeps two
+//     accumulators: the wgmma of its next tile runs while the epilogue of the current one (relu,
+//     head weights, sum over heads, k_scale; indexer/common.cuh) runs on the CUDA cores.
 //
 // Barriers (stage s of the CTA's g-th tile: g % NUM_STAGES, phase (g / NUM_STAGES) & 1):
 //   q_full[x] (1 + tx) / q_empty[x] (2: one thread of each math warpgroup) for the unit's Q slot
-//   x = (CTA's non-empty unit count) & 1; k_full[s] (1 + tx) / k_empty[s] (4: each warp of the
-//   consuming warpgroup, after its scales are read and its wgmma retired).
+//   x = (CTA's non-empty unit count) & 1; k_full[s] (1 + tx) / k_empty[s] (8: each math warp,
+//   after its scales are read and its wgmma retired).
 // Rows past m read zero Q (TMA fills) and are stored into the row padding of the buffer (the op
-// allocates align(m, BLOCK_Q) rows); keys past n read zero K and scale.
+// allocates align(m, UNIT_Q) rows); keys past n read zero K and scale.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -88,7 +90,8 @@ template <int H_, int D_, int NUM_STAGES_>
 struct LogitsSm90Config {
   static constexpr int H = H_, D = D_, NUM_STAGES = NUM_STAGES_;
   static constexpr int N = 128;              // wgmma N: BLOCK_Q tokens x H heads
-  static constexpr int BLOCK_Q = N / H;
+  static constexpr int BLOCK_Q = N / H;      // rows of one math warpgroup
+  static constexpr int UNIT_Q = 2 * BLOCK_Q;  // rows of a work unit
   static constexpr int NUM_THREADS = 384;
   static_assert(H == 8 || H == 16 || H == 32 || H == 64, "heads: 8, 16, 32 or 64");
   static_assert(D == 64 || D == 128, "head dim: 64 or 128");
@@ -97,17 +100,17 @@ struct LogitsSm90Config {
   using Sum = HeadSum<N, H>;
 
   struct SharedStorage {
-    alignas(1024) Fp8 q[2][N * D];
+    alignas(1024) Fp8 q[2][2][N * D];    // [slot][math warpgroup]
     alignas(1024) Fp8 k[NUM_STAGES][kTileKeys * D];
     // (TMA destinations: 128-byte aligned, each slot a multiple of 128 bytes)
     alignas(128) float scale[NUM_STAGES][kTileKeys];
-    alignas(128) float weights[2][(N + 31) / 32 * 32];
-    int ks[2][BLOCK_Q], ke[2][BLOCK_Q];   // the unit's rows' key ranges (written by the producer)
+    alignas(128) float weights[2][2 * N];
+    int ks[2][UNIT_Q], ke[2][UNIT_Q];    // the unit's rows' key ranges (written by the producer)
     alignas(8) uint64_t q_full[2], q_empty[2];
     uint64_t k_full[NUM_STAGES], k_empty[NUM_STAGES];
   };
   static constexpr int kSmemBytes = Sm90SmemSize<SharedStorage>::kBytes;
-  static constexpr unsigned kQBytes = N * D + N * sizeof(float);
+  static constexpr unsigned kQBytes = 2 * (N * D + N * sizeof(float));
   static constexpr unsigned kTileBytes = kTileKeys * D + kTileKeys * sizeof(float);
   // setmaxnreg: 128 x (40 + 2 x 232) = 64512 <= 65536.
   static constexpr int kRegsProducer = 40;
@@ -121,24 +124,23 @@ struct Unit {
   int qb, c0, c1, t0, n_tiles;
 };
 
+// Called by whole warps (lane r reads row r of the block; UNIT_Q <= 32).
 template <typename Cfg>
-__device__ __forceinline__ Unit unit_of(const LogitsParams& p, int u) {
+__device__ __forceinline__ Unit unit_of(const LogitsParams& p, int u, int lane) {
+  static_assert(Cfg::UNIT_Q <= 32, "a lane a row");
   Unit w;
   w.qb = u / p.num_chunks;
   w.c0 = (u - w.qb * p.num_chunks) * p.chunk_keys;
   w.c1 = min(p.n, w.c0 + p.chunk_keys);
-  int lo = p.n, hi = 0;
-  const int r0 = w.qb * Cfg::BLOCK_Q, r1 = min(p.m, r0 + Cfg::BLOCK_Q);
-#pragma unroll 2   // (the producer warpgroup runs this with 40 registers)
-  for (int r = r0; r < r1; ++r) {
-    const int s = max(__ldg(p.ks + r), 0), e = min(__ldg(p.ke + r), p.n);
-    if (s < e) {
-      lo = min(lo, s);
-      hi = max(hi, e);
-    }
+  const int r = w.qb * Cfg::UNIT_Q + lane;
+  int s = p.n, e = 0;
+  if (lane < Cfg::UNIT_Q && r < p.m) {
+    s = max(__ldg(p.ks + r), 0);
+    e = min(__ldg(p.ke + r), p.n);
+    if (s >= e) s = p.n, e = 0;   // an empty row widens nothing
   }
-  lo = max(lo, w.c0);
-  hi = min(hi, w.c1);
+  const int lo = max(int(__reduce_min_sync(0xffffffffu, unsigned(s))), w.c0);
+  const int hi = min(int(__reduce_max_sync(0xffffffffu, unsigned(e))), w.c1);
   w.t0 = lo < hi ? (lo & ~(kTileKeys - 1)) : w.c0;
   w.n_tiles = lo < hi ? (hi - w.t0 + kTileKeys - 1) / kTileKeys : 0;
   return w;
@@ -149,40 +151,49 @@ __device__ __forceinline__ int num_units(const LogitsParams& p) {
   return p.num_q_blocks * p.num_chunks;
 }
 
+// Warp 0; lane 0 issues the barriers and TMA loads.
 template <typename Cfg>
 __device__ __forceinline__ void producer(typename Cfg::SharedStorage& ss, const LogitsParams& p,
                                          const TmaDescriptor* q_desc, const TmaDescriptor* w_desc,
                                          const TmaDescriptor* k_desc, const TmaDescriptor* s_desc) {
   constexpr int NS = Cfg::NUM_STAGES;
+  const int lane = threadIdx.x % 32;
   const uint64_t k_policy = l2_evict_last_policy();   // every q block reads the same keys
   uint32_t q_iter = 0, kv_iter = 0;
   const int units = num_units<Cfg>(p);
 #pragma unroll 1
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = unit_of<Cfg>(p, u);
+    const Unit w = unit_of<Cfg>(p, u, lane);
     if (w.n_tiles == 0) continue;
     const int x = q_iter & 1;
-    mbarrier_wait(&ss.q_empty[x], ((q_iter >> 1) & 1) ^ 1);
-    // The rows' key ranges for the math warpgroups' stores (the arrive below releases them).
-#pragma unroll 1
-    for (int q = 0; q < Cfg::BLOCK_Q; ++q) {
-      const int r = w.qb * Cfg::BLOCK_Q + q;
-      ss.ks[x][q] = r < p.m ? __ldg(p.ks + r) : 0;
-      ss.ke[x][q] = r < p.m ? __ldg(p.ke + r) : 0;
+    if (lane == 0) mbarrier_wait(&ss.q_empty[x], ((q_iter >> 1) & 1) ^ 1);
+    __syncwarp();
+    // The rows' key ranges for the math warpgroups' stores (lane 0's arrive below releases them).
+    const int r = w.qb * Cfg::UNIT_Q + lane;
+    if (lane < Cfg::UNIT_Q) {
+      ss.ks[x][lane] = r < p.m ? __ldg(p.ks + r) : 0;
+      ss.ke[x][lane] = r < p.m ? __ldg(p.ke + r) : 0;
     }
-    mbarrier_arrive_expect_tx(&ss.q_full[x], Cfg::kQBytes);
-    tma_load_2d(ss.q[x], q_desc, &ss.q_full[x], 0, w.qb * Cfg::N);
-    tma_load_2d(ss.weights[x], w_desc, &ss.q_full[x], 0, w.qb * Cfg::BLOCK_Q);
+    __syncwarp();
+    if (lane == 0) {
+      mbarrier_arrive_expect_tx(&ss.q_full[x], Cfg::kQBytes);
+      tma_load_2d(ss.q[x][0], q_desc, &ss.q_full[x], 0, w.qb * 2 * Cfg::N);
+      tma_load_2d(ss.q[x][1], q_desc, &ss.q_full[x], 0, w.qb * 2 * Cfg::N + Cfg::N);
+      tma_load_2d(ss.weights[x], w_desc, &ss.q_full[x], 0, w.qb * Cfg::UNIT_Q);
+#pragma unroll 1
+      for (int i = 0; i < w.n_tiles; ++i) {
+        const uint32_t g = kv_iter + i;
+        const int s = g % NS;
+        mbarrier_wait(&ss.k_empty[s], ((g / NS) & 1) ^ 1);
+        mbarrier_arrive_expect_tx(&ss.k_full[s], Cfg::kTileBytes);
+        const int key0 = w.t0 + i * kTileKeys;
+        tma_load_2d_hint(ss.k[s], k_desc, &ss.k_full[s], 0, key0, k_policy);
+        tma_load_2d(ss.scale[s], s_desc, &ss.k_full[s], key0, 0);
+      }
+    }
+    __syncwarp();
+    kv_iter += w.n_tiles;
     ++q_iter;
-#pragma unroll 1
-    for (int i = 0; i < w.n_tiles; ++i, ++kv_iter) {
-      const int s = kv_iter % NS;
-      mbarrier_wait(&ss.k_empty[s], ((kv_iter / NS) & 1) ^ 1);
-      mbarrier_arrive_expect_tx(&ss.k_full[s], Cfg::kTileBytes);
-      const int key0 = w.t0 + i * kTileKeys;
-      tma_load_2d_hint(ss.k[s], k_desc, &ss.k_full[s], 0, key0, k_policy);
-      tma_load_2d(ss.scale[s], s_desc, &ss.k_full[s], key0, 0);
-    }
   }
 }
 
@@ -199,9 +210,9 @@ __device__ __forceinline__ void cleaner(const LogitsParams& p, int lane, int lan
   const int units = num_units<Cfg>(p);
 #pragma unroll 1
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = unit_of<Cfg>(p, u);
+    const Unit w = unit_of<Cfg>(p, u, lane % 32);
     const int tiles_end = w.t0 + w.n_tiles * kTileKeys;
-    const int r0 = w.qb * Cfg::BLOCK_Q, r1 = min(p.m, r0 + Cfg::BLOCK_Q);
+    const int r0 = w.qb * Cfg::UNIT_Q, r1 = min(p.m, r0 + Cfg::UNIT_Q);
 #pragma unroll 1
     for (int r = r0; r < r1; ++r) {
       float* row = p.logits + r * p.stride;
@@ -217,18 +228,19 @@ __device__ __forceinline__ void cleaner(const LogitsParams& p, int lane, int lan
 template <typename Cfg>
 struct MathUnit {
   float w[Cfg::Sum::kWeights];
-  int row0, x;
+  int row0, x, wg;
 };
 
 template <typename Cfg>
-__device__ __forceinline__ void load_math_unit(const typename Cfg::SharedStorage& ss, const Unit& w, int x, int lane,
-                                               MathUnit<Cfg>& mu) {
+__device__ __forceinline__ void load_math_unit(const typename Cfg::SharedStorage& ss, const Unit& w, int x, int wg,
+                                               int lane, MathUnit<Cfg>& mu) {
   using Sum = typename Cfg::Sum;
   static_assert(Sum::Q == Cfg::BLOCK_Q && Sum::Q % 2 == 0, "every lane owns its values");
 #pragma unroll
-  for (int i = 0; i < Sum::kWeights; ++i) mu.w[i] = ss.weights[x][Sum::weight_column(i, lane)];
-  mu.row0 = w.qb * Cfg::BLOCK_Q;
+  for (int i = 0; i < Sum::kWeights; ++i) mu.w[i] = ss.weights[x][wg * Cfg::N + Sum::weight_column(i, lane)];
+  mu.row0 = w.qb * Cfg::UNIT_Q + wg * Cfg::BLOCK_Q;
   mu.x = x;
+  mu.wg = wg;
 }
 
 // Tile i of the unit (the CTA's g-th): its stage is full; sum the accumulator, release the stage,
@@ -250,22 +262,23 @@ __device__ __forceinline__ void finish_tile(typename Cfg::SharedStorage& ss, con
   for (int m = 0; m < Sum::kOut; ++m) {
     const int q = Sum::out_token(m, lane);
     float* row = p.logits + (mu.row0 + q) * p.stride;
-    const int ks = ss.ks[mu.x][q];
+    const int ks = ss.ks[mu.x][mu.wg * Cfg::BLOCK_Q + q];
     if (p.max_seqlen_k > 0) {
       const int col = key - ks;
       if (col >= 0 && col < p.max_seqlen_k) row[col] = out[m];
     } else {
-      const bool seen = key >= ks && key < ss.ke[mu.x][q];
+      const bool seen = key >= ks && key < ss.ke[mu.x][mu.wg * Cfg::BLOCK_Q + q];
       row[key] = (p.clean && !seen) ? kNegInf : out[m];
     }
   }
 }
 
 template <typename Cfg, typename Frag>
-__device__ __forceinline__ void wait_and_issue(typename Cfg::SharedStorage& ss, int x, uint32_t g, int tw, Frag& acc) {
+__device__ __forceinline__ void wait_and_issue(typename Cfg::SharedStorage& ss, int x, int wg, uint32_t g, int tw,
+                                               Frag& acc) {
   const int s = g % Cfg::NUM_STAGES;
   mbarrier_wait(&ss.k_full[s], (g / Cfg::NUM_STAGES) & 1);
-  Cfg::Mma::issue(ss.k[s], ss.q[x], tw, acc);
+  Cfg::Mma::issue(ss.k[s], ss.q[x][wg], tw, acc);
 }
 
 template <typename Cfg>
@@ -278,36 +291,35 @@ __device__ __forceinline__ void math(typename Cfg::SharedStorage& ss, const Logi
   const int units = num_units<Cfg>(p);
 #pragma unroll 1
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = unit_of<Cfg>(p, u);
+    const Unit w = unit_of<Cfg>(p, u, lane);
     if (w.n_tiles == 0) continue;
     const int x = q_iter & 1;
     mbarrier_wait(&ss.q_full[x], (q_iter >> 1) & 1);
-    load_math_unit<Cfg>(ss, w, x, lane, mu);
-    // This warpgroup's tiles: i = wg, wg + 2, ...; two in flight (acc0 / acc1 alternate).
-    const int count = (w.n_tiles - wg + 1) / 2;
-    if (count > 0) wait_and_issue<Cfg>(ss, x, kv_iter + wg, tw, acc0);
+    load_math_unit<Cfg>(ss, w, x, wg, lane, mu);
+    // Every tile of the unit; two in flight (acc0 / acc1 alternate).
+    const int n = w.n_tiles;
+    wait_and_issue<Cfg>(ss, x, wg, kv_iter, tw, acc0);
 #pragma unroll 1
-    for (int k = 0; k < count; k += 2) {
-      const int i = wg + 2 * k;
-      if (k + 1 < count) {
-        wait_and_issue<Cfg>(ss, x, kv_iter + i + 2, tw, acc1);
+    for (int i = 0; i < n; i += 2) {
+      if (i + 1 < n) {
+        wait_and_issue<Cfg>(ss, x, wg, kv_iter + i + 1, tw, acc1);
         cute::warpgroup_wait<1>();
       } else {
         cute::warpgroup_wait<0>();
       }
       finish_tile<Cfg>(ss, p, mu, w.t0 + i * kTileKeys, kv_iter + i, acc0, warp, lane);
-      if (k + 1 >= count) break;
-      if (k + 2 < count) {
-        wait_and_issue<Cfg>(ss, x, kv_iter + i + 4, tw, acc0);
+      if (i + 1 >= n) break;
+      if (i + 2 < n) {
+        wait_and_issue<Cfg>(ss, x, wg, kv_iter + i + 2, tw, acc0);
         cute::warpgroup_wait<1>();
       } else {
         cute::warpgroup_wait<0>();
       }
-      finish_tile<Cfg>(ss, p, mu, w.t0 + (i + 2) * kTileKeys, kv_iter + i + 2, acc1, warp, lane);
+      finish_tile<Cfg>(ss, p, mu, w.t0 + (i + 1) * kTileKeys, kv_iter + i + 1, acc1, warp, lane);
     }
     // Every wgmma of this warpgroup that read Q retired (waited above): release the Q slot.
     if (tw == 0) mbarrier_arrive(&ss.q_empty[x]);
-    kv_iter += w.n_tiles;
+    kv_iter += n;
     ++q_iter;
   }
 }
@@ -335,7 +347,7 @@ __device__ __forceinline__ void logits_body(const LogitsParams& p, const TmaDesc
 #pragma unroll
     for (int s = 0; s < Cfg::NUM_STAGES; ++s) {
       mbarrier_init(&ss.k_full[s], 1);
-      mbarrier_init(&ss.k_empty[s], 4);
+      mbarrier_init(&ss.k_empty[s], 8);
     }
     fence_barrier_init();
   }
@@ -343,7 +355,7 @@ __device__ __forceinline__ void logits_body(const LogitsParams& p, const TmaDesc
   if (warp < 4) {
     setmaxnreg_dec<Cfg::kRegsProducer>();
     if (warp == 0) {
-      if (cute::elect_one_sync()) detail::producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc);
+      detail::producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc);
     } else if (p.clean && p.max_seqlen_k == 0) {
       detail::cleaner<Cfg>(p, int(threadIdx.x) - 32, 96);
     }

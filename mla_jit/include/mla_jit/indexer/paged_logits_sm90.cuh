@@ -8,7 +8,7 @@
 // scales. Work: 64-key tiles of the batch entries' keys, cut into one contiguous range per CTA by
 // the schedule (get_paged_mqa_logits_metadata: {batch, tile} where CTA c starts). Roles as the
 // ragged kernel's (logits_sm90.cuh): warp 0 loads (TMA: Q and weights per batch entry, then each
-// tile's page(s) and scales through the block table), warps 1-3 clean (rows c, c + grid, ...:
+// tile's page(s) and scales through the block table, read by the warp 32 tiles ahead), warps 1-3 clean (rows c, c + grid, ...:
 // -inf past the entry's last tile, clean_logits), warpgroups 1 and 2 compute the CTA's tiles
 // alternately (tile g of the CTA to warpgroup g % 2). The kernel is memory-bound: the producer runs
 // NUM_STAGES tiles ahead, and each math warpgroup's epilogue overlaps the other's wgmma.
@@ -72,33 +72,53 @@ __device__ __forceinline__ void for_each_segment(const PagedParams& p, F&& f) {
   }
 }
 
+// Warp 0: lane 0 issues the TMA loads; the 32 lanes read the block table 32 tiles ahead (one
+// dependent global load per tile would otherwise sit between each free stage and its load).
 template <typename Cfg>
 __device__ __forceinline__ void paged_producer(typename Cfg::SharedStorage& ss, const PagedParams& p,
                                                const TmaDescriptor* q_desc, const TmaDescriptor* w_desc,
                                                const TmaDescriptor* k_desc, const TmaDescriptor* s_desc) {
   constexpr int NS = Cfg::NUM_STAGES;
+  const int lane = threadIdx.x % 32;
   const uint64_t k_policy = l2_evict_first_policy();   // each page is read once
   uint32_t q_iter = 0, kv_iter = 0;
   for_each_segment(p, [&](int bi, int t_first, int t_last) {
     const int x = q_iter & 1;
-    mbarrier_wait(&ss.q_empty[x], ((q_iter >> 1) & 1) ^ 1);
-    mbarrier_arrive_expect_tx(&ss.q_full[x], Cfg::kQBytes);
-    tma_load_2d(ss.q[x], q_desc, &ss.q_full[x], 0, bi * Cfg::N);
-    tma_load_2d(ss.weights[x], w_desc, &ss.q_full[x], 0, bi * Cfg::NEXT_N);
+    if (lane == 0) {
+      mbarrier_wait(&ss.q_empty[x], ((q_iter >> 1) & 1) ^ 1);
+      mbarrier_arrive_expect_tx(&ss.q_full[x], Cfg::kQBytes);
+      tma_load_2d(ss.q[x], q_desc, &ss.q_full[x], 0, bi * Cfg::N);
+      tma_load_2d(ss.weights[x], w_desc, &ss.q_full[x], 0, bi * Cfg::NEXT_N);
+    }
     ++q_iter;
     const int* table = p.block_table + bi * p.block_table_stride;
 #pragma unroll 1
-    for (int t = t_first; t < t_last; ++t, ++kv_iter) {
-      const int s = kv_iter % NS;
-      mbarrier_wait(&ss.k_empty[s], ((kv_iter / NS) & 1) ^ 1);
-      mbarrier_arrive_expect_tx(&ss.k_full[s], Cfg::kTileBytes);
+    for (int t0 = t_first; t0 < t_last; t0 += 32) {
+      int block[Cfg::kBoxes];   // lane i: the pages of tile t0 + i (-1: zeros)
 #pragma unroll
       for (int box = 0; box < Cfg::kBoxes; ++box) {
-        const int key0 = t * kTileKeys + box * Cfg::kBoxKeys;
-        const int page = key0 / Cfg::PAGE, row = key0 % Cfg::PAGE;
-        const int block = page < p.max_blocks ? __ldg(table + page) : -1;   // -1: zeros
-        tma_load_3d_hint(ss.k[s] + box * Cfg::kBoxKeys * Cfg::D, k_desc, &ss.k_full[s], 0, row, block, k_policy);
-        tma_load_2d(ss.scale[s] + box * Cfg::kBoxKeys, s_desc, &ss.k_full[s], row, block);
+        const int page = ((t0 + lane) * kTileKeys + box * Cfg::kBoxKeys) / Cfg::PAGE;
+        block[box] = t0 + lane < t_last && page < p.max_blocks ? __ldg(table + page) : -1;
+      }
+      const int count = min(32, t_last - t0);
+#pragma unroll 1
+      for (int i = 0; i < count; ++i, ++kv_iter) {
+        int ids[Cfg::kBoxes];
+#pragma unroll
+        for (int box = 0; box < Cfg::kBoxes; ++box) ids[box] = __shfl_sync(0xffffffffu, block[box], i);
+        if (lane == 0) {
+          const int s = kv_iter % NS;
+          mbarrier_wait(&ss.k_empty[s], ((kv_iter / NS) & 1) ^ 1);
+          mbarrier_arrive_expect_tx(&ss.k_full[s], Cfg::kTileBytes);
+#pragma unroll
+          for (int box = 0; box < Cfg::kBoxes; ++box) {
+            const int row = ((t0 + i) * kTileKeys + box * Cfg::kBoxKeys) % Cfg::PAGE;
+            tma_load_3d_hint(ss.k[s] + box * Cfg::kBoxKeys * Cfg::D, k_desc, &ss.k_full[s], 0, row, ids[box],
+                             k_policy);
+            tma_load_2d(ss.scale[s] + box * Cfg::kBoxKeys, s_desc, &ss.k_full[s], row, ids[box]);
+          }
+        }
+        __syncwarp();
       }
     }
   });
@@ -191,7 +211,7 @@ __device__ __forceinline__ void paged_logits_body(const PagedParams& p, const Tm
   if (warp < 4) {
     setmaxnreg_dec<Cfg::kRegsProducer>();
     if (warp == 0) {
-      if (cute::elect_one_sync()) detail::paged_producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc);
+      detail::paged_producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc);
     } else if (p.clean) {
       detail::paged_cleaner<Cfg>(p, int(threadIdx.x) - 32, 96);
     }
