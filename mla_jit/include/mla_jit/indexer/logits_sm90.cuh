@@ -296,26 +296,29 @@ __device__ __forceinline__ void math(typename Cfg::SharedStorage& ss, const Logi
     const int x = q_iter & 1;
     mbarrier_wait(&ss.q_full[x], (q_iter >> 1) & 1);
     load_math_unit<Cfg>(ss, w, x, wg, lane, mu);
-    // Every tile of the unit; two in flight (acc0 / acc1 alternate).
+    // Every tile of the unit, two in flight: acc0 holds tiles i (even), acc1 tiles i + 1. One
+    // group (acc0's) is pending at the loop head on every path, so ptxas keeps the wgmma async.
     const int n = w.n_tiles;
     wait_and_issue<Cfg>(ss, x, wg, kv_iter, tw, acc0);
+    int i = 0;
 #pragma unroll 1
-    for (int i = 0; i < n; i += 2) {
-      if (i + 1 < n) {
-        wait_and_issue<Cfg>(ss, x, wg, kv_iter + i + 1, tw, acc1);
-        cute::warpgroup_wait<1>();
-      } else {
-        cute::warpgroup_wait<0>();
-      }
+    for (; i + 2 < n; i += 2) {
+      wait_and_issue<Cfg>(ss, x, wg, kv_iter + i + 1, tw, acc1);
+      cute::warpgroup_wait<1>();
       finish_tile<Cfg>(ss, p, mu, w.t0 + i * kTileKeys, kv_iter + i, acc0, warp, lane);
-      if (i + 1 >= n) break;
-      if (i + 2 < n) {
-        wait_and_issue<Cfg>(ss, x, wg, kv_iter + i + 2, tw, acc0);
-        cute::warpgroup_wait<1>();
-      } else {
-        cute::warpgroup_wait<0>();
-      }
+      wait_and_issue<Cfg>(ss, x, wg, kv_iter + i + 2, tw, acc0);
+      cute::warpgroup_wait<1>();
       finish_tile<Cfg>(ss, p, mu, w.t0 + (i + 1) * kTileKeys, kv_iter + i + 1, acc1, warp, lane);
+    }
+    if (i + 1 < n) {
+      wait_and_issue<Cfg>(ss, x, wg, kv_iter + i + 1, tw, acc1);
+      cute::warpgroup_wait<1>();
+      finish_tile<Cfg>(ss, p, mu, w.t0 + i * kTileKeys, kv_iter + i, acc0, warp, lane);
+      cute::warpgroup_wait<0>();
+      finish_tile<Cfg>(ss, p, mu, w.t0 + (i + 1) * kTileKeys, kv_iter + i + 1, acc1, warp, lane);
+    } else {
+      cute::warpgroup_wait<0>();
+      finish_tile<Cfg>(ss, p, mu, w.t0 + i * kTileKeys, kv_iter + i, acc0, warp, lane);
     }
     // Every wgmma of this warpgroup that read Q retired (waited above): release the Q slot.
     if (tw == 0) mbarrier_arrive(&ss.q_empty[x]);
