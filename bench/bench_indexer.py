@@ -20,6 +20,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import time_interleaved  # noqa: E402
 
+import importlib  # noqa: E402
+
 import mla_jit  # noqa: E402
 
 H, D = 64, 128
@@ -38,6 +40,17 @@ def _fp8_bytes(*shape, gen):
     return raw | (torch.randint(0, 2, shape, dtype=torch.uint8, device="cuda", generator=gen) << 7)
 
 
+def _variants(call):
+    """(setup, fn) of this package, and of --against-package's copy (interleaved call by call)."""
+    out = [(lambda: None, lambda: call(mla_jit))]
+    if AGAINST is not None:
+        out.append((lambda: None, lambda: call(AGAINST)))
+    return out
+
+
+AGAINST = None
+
+
 def bench_logits(flush, rows):
     gen = torch.Generator(device="cuda").manual_seed(0)
     out = []
@@ -49,12 +62,13 @@ def bench_logits(flush, rows):
         ks = torch.zeros(seq, dtype=torch.int32, device="cuda")
         ke = torch.arange(seq, dtype=torch.int32, device="cuda") + (kv - seq + 1)
         cost = int((ke - ks).clamp(min=0).sum())
-        t, = time_interleaved([(lambda: None, lambda: mla_jit.fp8_mqa_logits(q, (k, k_scale), weights, ks, ke))],
-                              flush)
+        t, *other = time_interleaved(_variants(lambda pkg: pkg.fp8_mqa_logits(q, (k, k_scale), weights, ks, ke)),
+                                     flush)
         tflops = 2 * cost * H * D / t / 1e6
         anchor = ANCHOR_LOGITS.get((seq, kv))
         out.append({"op": "fp8_mqa_logits", "seq": seq, "kv": kv, "us": t, "tflops": tflops,
-                    "deepgemm_us": anchor, "x_deepgemm": anchor / t if anchor else None})
+                    "deepgemm_us": anchor, "x_deepgemm": anchor / t if anchor else None,
+                    "against_us": other[0] if other else None})
         del q, k, k_scale, weights
     return out
 
@@ -82,10 +96,10 @@ def bench_paged(flush, rows):
         weights = torch.randn(b * next_n, H, device="cuda", generator=gen)
         num_sms = torch.cuda.get_device_properties(0).multi_processor_count
         schedule = mla_jit.get_paged_mqa_logits_metadata(lens, 64, num_sms)
-        t, t_meta = time_interleaved([
-            (lambda: None, lambda: mla_jit.fp8_paged_mqa_logits(q, cache, weights, lens, table, schedule,
-                                                                max_model_len)),
-            (lambda: None, lambda: mla_jit.get_paged_mqa_logits_metadata(lens, 64, num_sms))], flush)
+        variants = _variants(lambda pkg: pkg.fp8_paged_mqa_logits(q, cache, weights, lens, table, schedule,
+                                                                  max_model_len))
+        variants.append((lambda: None, lambda: mla_jit.get_paged_mqa_logits_metadata(lens, 64, num_sms)))
+        t, *other, t_meta = time_interleaved(variants, flush)
         sum_lens = int(lens.long().sum())
         in_bytes = q.numel() + weights.numel() * 4 + lens.numel() * 4 + sum_lens * (D + 4) + sum_lens / 64 * 4
         gbs = (in_bytes + sum_lens * next_n * 4) / t / 1e3
@@ -93,7 +107,7 @@ def bench_paged(flush, rows):
         anchor = ANCHOR_PAGED.get((b, next_n, avg))
         out.append({"op": "fp8_paged_mqa_logits", "batch": b, "next_n": next_n, "avg_ctx": avg, "us": t,
                     "gbs": gbs, "tflops": tflops, "metadata_us": t_meta, "deepgemm_us": anchor,
-                    "x_deepgemm": anchor / t if anchor else None})
+                    "x_deepgemm": anchor / t if anchor else None, "against_us": other[0] if other else None})
         del cache, q, weights, table
     return out
 
@@ -102,20 +116,27 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true", help="a few rows only")
+    ap.add_argument("--against-package", help="also time another copy of the package importable under this name "
+                    "(scripts/prepare_prev.sh), interleaved call by call")
     args = ap.parse_args()
+    global AGAINST
+    if args.against_package:
+        AGAINST = importlib.import_module(args.against_package)
     flush = torch.empty(8 << 30 >> 2, dtype=torch.float32, device="cuda")   # 8 GB: flushes the L2
     logits_rows = list(ANCHOR_LOGITS)
     paged_rows = list(ANCHOR_PAGED)
     if args.quick:
         logits_rows, paged_rows = logits_rows[:3], paged_rows[:3]
     results = bench_logits(flush, logits_rows) + bench_paged(flush, paged_rows)
-    print(f"{'op':22} {'shape':24} {'us':>9} {'TFLOPS':>7} {'GB/s':>6} {'DG us':>7} {'x DG':>6}")
+    print(f"{'op':22} {'shape':24} {'us':>9} {'TFLOPS':>7} {'GB/s':>6} {'DG us':>7} {'x DG':>6}"
+          + ("  against us  x against" if AGAINST else ""))
     for r in results:
         shape = (f"seq {r['seq']} kv {r['kv']}" if r["op"] == "fp8_mqa_logits"
                  else f"b {r['batch']} n {r['next_n']} ctx {r['avg_ctx']}")
         gbs = f"{r['gbs']:6.0f}" if "gbs" in r else " " * 6
         dg = f"{r['deepgemm_us']:7.1f} {r['x_deepgemm']:6.3f}" if r["deepgemm_us"] else ""
-        print(f"{r['op']:22} {shape:24} {r['us']:9.1f} {r['tflops']:7.0f} {gbs} {dg}")
+        vs = f"  {r['against_us']:10.1f} {r['against_us'] / r['us']:10.3f}" if r.get("against_us") else ""
+        print(f"{r['op']:22} {shape:24} {r['us']:9.1f} {r['tflops']:7.0f} {gbs} {dg}{vs}")
     for r in results:
         if "metadata_us" in r:
             print(f"metadata b {r['batch']:5}: {r['metadata_us']:.1f} us")

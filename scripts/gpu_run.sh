@@ -36,6 +36,7 @@ if [ -d .prev/mla_jit_prev ]; then
   ops=()
   [ -z "${SKIP_DECODE_BENCH:-}" ] && ops+=(--op flash_mla_with_kvcache)
   [ -z "${SKIP_PREFILL_BENCH:-}" ] && ops+=(--op flash_attn_varlen_func)
+  [ -z "${SKIP_INDEXER_BENCH:-}" ] && ops+=(--op fp8_mqa_logits --op fp8_paged_mqa_logits)
   [ ${#ops[@]} -gt 0 ] && python3 -m mla_jit_prev.cli prewarm --jobs "${PREWARM_JOBS:-16}" "${ops[@]}" --arch sm_90a \
     2>&1 | tail -n 1
   BENCH_AGAINST_PACKAGE=${BENCH_AGAINST_PACKAGE:-mla_jit_prev}
@@ -103,7 +104,8 @@ if [ -z "${SKIP_PREFILL_BENCH:-}" ]; then
   done
 fi
 if [ -z "${SKIP_INDEXER_BENCH:-}" ]; then
-  timeout "${BENCH_TIMEOUT:-400}" python3 bench/bench_indexer.py ${INDEXER_BENCH_ARGS:-} --json "$OUT/bench_indexer.json" 2>&1 \
+  timeout "${BENCH_TIMEOUT:-400}" python3 bench/bench_indexer.py ${INDEXER_BENCH_ARGS:-} \
+    ${BENCH_AGAINST_PACKAGE:+--against-package "$BENCH_AGAINST_PACKAGE"} --json "$OUT/bench_indexer.json" 2>&1 \
     | tee "$OUT/bench_indexer.log" | tail -n 32
 fi
 if [ -n "${SPEC_BENCH:-}" ]; then  # decode with 1-16 query tokens a sequence (speculative decoding)
