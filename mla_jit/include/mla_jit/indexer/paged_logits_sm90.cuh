@@ -9,9 +9,8 @@
 // the schedule (get_paged_mqa_logits_metadata: {batch, tile} where CTA c starts). Roles as the
 // ragged kernel's (logits_sm90.cuh): warp 0 loads (TMA: Q and weights per batch entry, then each
 // tile's page(s) and scales through the block table, read by the warp 32 tiles ahead), warps
-// 1-3 clean (rows c, c + grid, ...:
-// -inf past the entry's last tile, clean_logits), warpgroups 1 and 2 compute the CTA's tiles
-// alternately (tile g of the CTA to warpgroup g % 2). The kernel is memory-bound: the producer runs
+// 1-3 clean (rows c, c + grid, ...: -inf past the entry's last tile, clean_logits), warpgroups 1
+// and 2 compute the CTA's tiles alternately (tile g of the CTA to warpgroup g % 2). The kernel is memory-bound: the producer runs
 // NUM_STAGES tiles ahead, and each math warpgroup's epilogue overlaps the other's wgmma.
 // Pages past block_table's columns, and block ids outside the cache, load zeros (TMA bounds).
 #pragma once
