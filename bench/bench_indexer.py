@@ -6,7 +6,7 @@ machine: its figures are the H200 ones in ANCHORS.md (printed beside ours for th
     (the clean pass is part of the call); TFLOPS = 2 * sum(ke - ks) * H * D / t.
   fp8_paged_mqa_logits: H 64, D 128, lengths uniform in [0.7, 1.3] x avg, clean off (what engines
     pass); GB/s = (q + weights + lens + sum_len * (D + 4) + sum_len / 64 * 4 + sum_len * next_n * 4) / t.
-  get_paged_mqa_logits_metadata: its own time.
+  get_paged_mqa_logits_metadata: its own time. Host time of a warm fp8_paged_mqa_logits call (median).
 """
 from __future__ import annotations
 
@@ -100,6 +100,9 @@ def bench_paged(flush, rows):
                                                                   max_model_len))
         variants.append((lambda: None, lambda: mla_jit.get_paged_mqa_logits_metadata(lens, 64, num_sms)))
         t, *other, t_meta = time_interleaved(variants, flush)
+        host = [_host_us(lambda pkg=pkg: pkg.fp8_paged_mqa_logits(q, cache, weights, lens, table, schedule,
+                                                                   max_model_len))
+                for pkg in ([mla_jit] + ([AGAINST] if AGAINST else []))]
         sum_lens = int(lens.long().sum())
         in_bytes = q.numel() + weights.numel() * 4 + lens.numel() * 4 + sum_lens * (D + 4) + sum_lens / 64 * 4
         gbs = (in_bytes + sum_lens * next_n * 4) / t / 1e3
@@ -107,9 +110,24 @@ def bench_paged(flush, rows):
         anchor = ANCHOR_PAGED.get((b, next_n, avg))
         out.append({"op": "fp8_paged_mqa_logits", "batch": b, "next_n": next_n, "avg_ctx": avg, "us": t,
                     "gbs": gbs, "tflops": tflops, "metadata_us": t_meta, "deepgemm_us": anchor,
-                    "x_deepgemm": anchor / t if anchor else None, "against_us": other[0] if other else None})
+                    "x_deepgemm": anchor / t if anchor else None, "against_us": other[0] if other else None,
+                    "host_us": host})
         del cache, q, weights, table
     return out
+
+
+def _host_us(fn, calls: int = 200) -> float:
+    """Host time of a warm call (median of `calls`): the launches queue, the GPU is not waited for."""
+    import time
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return sorted(times)[calls // 2]
 
 
 def main():
@@ -139,7 +157,8 @@ def main():
         print(f"{r['op']:22} {shape:24} {r['us']:9.1f} {r['tflops']:7.0f} {gbs} {dg}{vs}")
     for r in results:
         if "metadata_us" in r:
-            print(f"metadata b {r['batch']:5}: {r['metadata_us']:.1f} us")
+            host = " / ".join(f"{h:.1f}" for h in r["host_us"])
+            print(f"b {r['batch']:5} n {r['next_n']}: metadata {r['metadata_us']:.1f} us GPU; paged call host {host} us")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": results}, f, indent=1)

@@ -58,12 +58,19 @@ def _int_arg(name: str, value, lo: int = 0) -> int:
 
 
 def _f32_rows(name: str, t: torch.Tensor, rows: int, cols: int, device) -> None:
-    """A (rows, cols) float32 matrix that TMA can read: unit column stride, 16-byte aligned rows."""
+    """A (rows, cols) float32 matrix that TMA can read: unit column stride, 16-byte aligned rows
+    (its data pointer: _aligned)."""
     validate.tensor(name, t, dtypes=(torch.float32,), ndim=2, device=device)
     validate.shape(name, t, (rows, cols))
-    if rows and (t.stride(1) != 1 or (t.stride(0) * 4) % 16 or t.data_ptr() % 16):
-        raise InvalidArgumentError(name, "unit column stride, 16-byte aligned rows and data pointer",
-                                   f"strides {t.stride()}, pointer {hex(t.data_ptr())}")
+    if rows and (t.stride(1) != 1 or (t.stride(0) * 4) % 16):
+        raise InvalidArgumentError(name, "unit column stride and 16-byte aligned rows", f"strides {t.stride()}")
+
+
+def _aligned(*named: tuple[str, torch.Tensor]) -> None:
+    """16-byte aligned data pointers (TMA) of the non-empty tensors."""
+    for name, t in named:
+        if t.numel() and t.data_ptr() % 16:
+            raise InvalidArgumentError(name, "a 16-byte aligned data pointer", hex(t.data_ptr()))
 
 
 # ---- fp8_mqa_logits ------------------------------------------------------------------------------
@@ -123,10 +130,8 @@ def _check_logits(q, k, k_scale, weights, ks, ke, clean_logits, max_seqlen_k) ->
     validate.shape("kv[0]", k, (n, d))
     validate.tensor("kv[1]", k_scale, dtypes=(torch.float32,), ndim=1, device=device, contiguous=True)
     validate.shape("kv[1]", k_scale, (n,))
-    for name, t in (("q", q), ("kv[0]", k), ("kv[1]", k_scale)):
-        if t.numel() and t.data_ptr() % 16:
-            raise InvalidArgumentError(name, "a 16-byte aligned data pointer", hex(t.data_ptr()))
     _f32_rows("weights", weights, m, h, device)
+    _aligned(("q", q), ("kv[0]", k), ("kv[1]", k_scale), ("weights", weights))
     for name, t in (("cu_seq_len_k_start", ks), ("cu_seq_len_k_end", ke)):
         validate.tensor(name, t, dtypes=(torch.int32,), ndim=1, device=device, contiguous=True)
         validate.shape(name, t, (m,))
@@ -219,17 +224,36 @@ def fp8_paged_mqa_logits(q, kv_cache: torch.Tensor, weights: torch.Tensor, conte
                         clean_logits)
 
 
+def _paged_signature(q, kv_cache, weights, context_lens, block_table, schedule_meta) -> tuple:
+    """What _check_paged_layout looks at: shapes, strides, dtypes and devices (not the pointers)."""
+    return ("paged", runtime.plan_env(), *((t.shape, t.stride(), t.dtype, t.get_device()) for t in
+                                         (q, kv_cache, weights, context_lens, block_table, schedule_meta)))
+
+
 def _paged_eager(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len,
                  clean_logits=False):
-    _check_paged(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits)
-    b, next_n, h, d = q.shape
-    page = kv_cache.shape[1]
-    key = ("paged", runtime.plan_env(), h, d, next_n, page, q.get_device())
-    plan = runtime.plans.get(key)
+    # A decode-step op: a layout seen before skips its checks (a signature lookup), as decode's does.
+    try:
+        signature = _paged_signature(q, kv_cache, weights, context_lens, block_table, schedule_meta)
+        plan = runtime.plans.get(signature)
+    except (AttributeError, TypeError):   # not tensors: the checks below name it
+        plan = signature = None
     if plan is None:
+        _check_paged_layout(q, kv_cache, weights, context_lens, block_table, schedule_meta)
+    _int_arg("max_context_len", max_context_len)
+    if not isinstance(clean_logits, bool):
+        raise InvalidArgumentError("clean_logits", "a bool", type(clean_logits).__name__)
+    _aligned(("q", q), ("kv_cache", kv_cache), ("weights", weights))
+    if plan is None:
+        _, next_n, h, d = q.shape
         if len(runtime.plans) >= runtime.MAX_PLANS:
             runtime.plans.clear()
-        plan = runtime.plans[key] = runtime.PagedPlan(h, d, next_n, page, q.get_device())
+        kernel = ("paged", runtime.plan_env(), h, d, next_n, kv_cache.shape[1], q.get_device())
+        plan = runtime.plans.get(kernel) or runtime.PagedPlan(h, d, next_n, kv_cache.shape[1], q.get_device())
+        runtime.plans[kernel] = plan
+        if signature is not None:   # (batch sizes vary: each layout maps to the kernel's one plan)
+            runtime.plans[signature] = plan
+    b, next_n = q.shape[:2]
     buffer = torch.empty((b * next_n, _paged_stride(max_context_len)), dtype=torch.float32, device=q.device)
     logits = buffer[:, :max_context_len]
     plan.run(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, logits,
@@ -237,8 +261,8 @@ def _paged_eager(q, kv_cache, weights, context_lens, block_table, schedule_meta,
     return logits
 
 
-def _check_paged(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len,
-                 clean_logits) -> None:
+def _check_paged_layout(q, kv_cache, weights, context_lens, block_table, schedule_meta) -> None:
+    """First call of a layout: everything but the pointers and the scalar arguments."""
     validate.tensor("q", q, dtypes=(_FP8,), ndim=4, contiguous=True)
     device = q.device
     b, next_n, h, d = q.shape
@@ -248,8 +272,6 @@ def _check_paged(q, kv_cache, weights, context_lens, block_table, schedule_meta,
         raise InvalidArgumentError("q", f"head dim in {INDEXER_HEAD_DIMS}", f"shape {tuple(q.shape)}")
     if not 1 <= next_n <= INDEXER_MAX_NEXT_N:
         raise InvalidArgumentError("q", f"next_n (dim 1) in 1..{INDEXER_MAX_NEXT_N}", f"shape {tuple(q.shape)}")
-    if b and q.data_ptr() % 16:
-        raise InvalidArgumentError("q", "a 16-byte aligned data pointer", hex(q.data_ptr()))
     validate.tensor("kv_cache", kv_cache, dtypes=(torch.uint8,), ndim=4, device=device)
     blocks, page, heads_kv, row = kv_cache.shape
     if page not in INDEXER_PAGE_SIZES or heads_kv != 1 or row != d + 4:
@@ -258,10 +280,9 @@ def _check_paged(q, kv_cache, weights, context_lens, block_table, schedule_meta,
     if kv_cache.stride(1) != d + 4 or kv_cache.stride(3) != 1:
         raise InvalidArgumentError("kv_cache", f"strides (*, {d + 4}, *, 1) (pages of values then scales)",
                                    f"strides {kv_cache.stride()}")
-    if blocks and (kv_cache.stride(0) < page * (d + 4) or kv_cache.stride(0) % 16 or kv_cache.data_ptr() % 16):
-        raise InvalidArgumentError("kv_cache", f"a page stride >= {page * (d + 4)} bytes, a multiple of 16, and a "
-                                   "16-byte aligned data pointer",
-                                   f"stride(0) {kv_cache.stride(0)}, pointer {hex(kv_cache.data_ptr())}")
+    if blocks and (kv_cache.stride(0) < page * (d + 4) or kv_cache.stride(0) % 16):
+        raise InvalidArgumentError("kv_cache", f"a page stride >= {page * (d + 4)} bytes, a multiple of 16",
+                                   f"stride(0) {kv_cache.stride(0)}")
     _f32_rows("weights", weights, b * next_n, h, device)
     validate.tensor("context_lens", context_lens, dtypes=(torch.int32,), device=device, contiguous=True)
     if tuple(context_lens.shape) not in ((b,), (b, next_n)):
@@ -275,9 +296,6 @@ def _check_paged(q, kv_cache, weights, context_lens, block_table, schedule_meta,
     if schedule_meta.shape[0] < 2 or schedule_meta.shape[1] != 2:
         raise InvalidArgumentError("schedule_meta", "shape (num_sms + 1, 2) from get_paged_mqa_logits_metadata",
                                    f"shape {tuple(schedule_meta.shape)}")
-    _int_arg("max_context_len", max_context_len)
-    if not isinstance(clean_logits, bool):
-        raise InvalidArgumentError("clean_logits", "a bool", type(clean_logits).__name__)
 
 
 def _paged_fake(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits=False):

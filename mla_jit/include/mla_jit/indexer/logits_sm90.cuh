@@ -299,26 +299,30 @@ __device__ __forceinline__ void math(typename Cfg::SharedStorage& ss, const Logi
     // Every tile of the unit, two in flight: acc0 holds tiles i (even), acc1 tiles i + 1. One
     // group (acc0's) is pending at the loop head on every path, so ptxas keeps the wgmma async.
     const int n = w.n_tiles;
-    wait_and_issue<Cfg>(ss, x, wg, kv_iter, tw, acc0);
+    auto issue = [&](int i, auto& acc) { wait_and_issue<Cfg>(ss, x, wg, kv_iter + i, tw, acc); };
+    auto finish = [&](int i, const auto& acc) {
+      finish_tile<Cfg>(ss, p, mu, w.t0 + i * kTileKeys, kv_iter + i, acc, warp, lane);
+    };
+    issue(0, acc0);
     int i = 0;
 #pragma unroll 1
     for (; i + 2 < n; i += 2) {
-      wait_and_issue<Cfg>(ss, x, wg, kv_iter + i + 1, tw, acc1);
+      issue(i + 1, acc1);
       cute::warpgroup_wait<1>();
-      finish_tile<Cfg>(ss, p, mu, w.t0 + i * kTileKeys, kv_iter + i, acc0, warp, lane);
-      wait_and_issue<Cfg>(ss, x, wg, kv_iter + i + 2, tw, acc0);
+      finish(i, acc0);
+      issue(i + 2, acc0);
       cute::warpgroup_wait<1>();
-      finish_tile<Cfg>(ss, p, mu, w.t0 + (i + 1) * kTileKeys, kv_iter + i + 1, acc1, warp, lane);
+      finish(i + 1, acc1);
     }
     if (i + 1 < n) {
-      wait_and_issue<Cfg>(ss, x, wg, kv_iter + i + 1, tw, acc1);
+      issue(i + 1, acc1);
       cute::warpgroup_wait<1>();
-      finish_tile<Cfg>(ss, p, mu, w.t0 + i * kTileKeys, kv_iter + i, acc0, warp, lane);
+      finish(i, acc0);
       cute::warpgroup_wait<0>();
-      finish_tile<Cfg>(ss, p, mu, w.t0 + (i + 1) * kTileKeys, kv_iter + i + 1, acc1, warp, lane);
+      finish(i + 1, acc1);
     } else {
       cute::warpgroup_wait<0>();
-      finish_tile<Cfg>(ss, p, mu, w.t0 + i * kTileKeys, kv_iter + i, acc0, warp, lane);
+      finish(i, acc0);
     }
     // Every wgmma of this warpgroup that read Q retired (waited above): release the Q slot.
     if (tw == 0) mbarrier_arrive(&ss.q_empty[x]);
@@ -329,19 +333,17 @@ __device__ __forceinline__ void math(typename Cfg::SharedStorage& ss, const Logi
 
 }  // namespace detail
 
+// Both indexer kernels' start: the shared storage, descriptors prefetched, barriers initialized
+// (k_empty_arrivals: math warps that release each K stage).
 template <typename Cfg>
-__device__ __forceinline__ void logits_body(const LogitsParams& p, const TmaDescriptor* q_desc,
-                                            const TmaDescriptor* w_desc, const TmaDescriptor* k_desc,
-                                            const TmaDescriptor* s_desc) {
+__device__ __forceinline__ typename Cfg::SharedStorage& init_shared(const TmaDescriptor* const (&descs)[4],
+                                                                    int k_empty_arrivals) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using SS = typename Cfg::SharedStorage;
   SS& ss = aligned_shared_storage<SS>(smem_raw);
-  const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
   if (threadIdx.x == 0) {
-    prefetch_tma_descriptor(q_desc);
-    prefetch_tma_descriptor(w_desc);
-    prefetch_tma_descriptor(k_desc);
-    prefetch_tma_descriptor(s_desc);
+#pragma unroll
+    for (int d = 0; d < 4; ++d) prefetch_tma_descriptor(descs[d]);
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
       mbarrier_init(&ss.q_full[x], 1);
@@ -350,22 +352,41 @@ __device__ __forceinline__ void logits_body(const LogitsParams& p, const TmaDesc
 #pragma unroll
     for (int s = 0; s < Cfg::NUM_STAGES; ++s) {
       mbarrier_init(&ss.k_full[s], 1);
-      mbarrier_init(&ss.k_empty[s], 8);
+      mbarrier_init(&ss.k_empty[s], k_empty_arrivals);
     }
     fence_barrier_init();
   }
   __syncthreads();
+  return ss;
+}
+
+// Both kernels' roles: warp 0 loads, warps 1-3 clean (lane, lanes), warpgroups 1 and 2 compute (wg).
+template <typename Cfg, typename Load, typename Clean, typename Math>
+__device__ __forceinline__ void run_roles(Load&& load, Clean&& clean, Math&& math) {
+  const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
   if (warp < 4) {
     setmaxnreg_dec<Cfg::kRegsProducer>();
     if (warp == 0) {
-      detail::producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc);
-    } else if (p.clean && p.max_seqlen_k == 0) {
-      detail::cleaner<Cfg>(p, int(threadIdx.x) - 32, 96);
+      load();
+    } else {
+      clean(int(threadIdx.x) - 32, 96);
     }
   } else {
     setmaxnreg_inc<Cfg::kRegsMath>();
-    detail::math<Cfg>(ss, p, warp / 4 - 1);
+    math(warp / 4 - 1);
   }
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void logits_body(const LogitsParams& p, const TmaDescriptor* q_desc,
+                                            const TmaDescriptor* w_desc, const TmaDescriptor* k_desc,
+                                            const TmaDescriptor* s_desc) {
+  auto& ss = init_shared<Cfg>({q_desc, w_desc, k_desc, s_desc}, 8);   // both math warpgroups read each stage
+  run_roles<Cfg>([&] { detail::producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc); },
+                 [&](int lane, int lanes) {
+                   if (p.clean && p.max_seqlen_k == 0) detail::cleaner<Cfg>(p, lane, lanes);
+                 },
+                 [&](int wg) { detail::math<Cfg>(ss, p, wg); });
 }
 
 }  // namespace indexer

@@ -186,39 +186,12 @@ template <typename Cfg>
 __device__ __forceinline__ void paged_logits_body(const PagedParams& p, const TmaDescriptor* q_desc,
                                                   const TmaDescriptor* w_desc, const TmaDescriptor* k_desc,
                                                   const TmaDescriptor* s_desc) {
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  using SS = typename Cfg::SharedStorage;
-  SS& ss = aligned_shared_storage<SS>(smem_raw);
-  const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
-  if (threadIdx.x == 0) {
-    prefetch_tma_descriptor(q_desc);
-    prefetch_tma_descriptor(w_desc);
-    prefetch_tma_descriptor(k_desc);
-    prefetch_tma_descriptor(s_desc);
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      mbarrier_init(&ss.q_full[x], 1);
-      mbarrier_init(&ss.q_empty[x], 2);
-    }
-#pragma unroll
-    for (int s = 0; s < Cfg::NUM_STAGES; ++s) {
-      mbarrier_init(&ss.k_full[s], 1);
-      mbarrier_init(&ss.k_empty[s], 4);
-    }
-    fence_barrier_init();
-  }
-  __syncthreads();
-  if (warp < 4) {
-    setmaxnreg_dec<Cfg::kRegsProducer>();
-    if (warp == 0) {
-      detail::paged_producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc);
-    } else if (p.clean) {
-      detail::paged_cleaner<Cfg>(p, int(threadIdx.x) - 32, 96);
-    }
-  } else {
-    setmaxnreg_inc<Cfg::kRegsMath>();
-    detail::paged_math<Cfg>(ss, p, warp / 4 - 1);
-  }
+  auto& ss = init_shared<Cfg>({q_desc, w_desc, k_desc, s_desc}, 4);   // one math warpgroup reads each stage
+  run_roles<Cfg>([&] { detail::paged_producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc); },
+                 [&](int lane, int lanes) {
+                   if (p.clean) detail::paged_cleaner<Cfg>(p, lane, lanes);
+                 },
+                 [&](int wg) { detail::paged_math<Cfg>(ss, p, wg); });
 }
 
 }  // namespace indexer
