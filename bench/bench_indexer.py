@@ -7,6 +7,10 @@ machine: its figures are the H200 ones in ANCHORS.md (printed beside ours for th
   fp8_paged_mqa_logits: H 64, D 128, lengths uniform in [0.7, 1.3] x avg, clean off (what engines
     pass); GB/s = (q + weights + lens + sum_len * (D + 4) + sum_len / 64 * 4 + sum_len * next_n * 4) / t.
   get_paged_mqa_logits_metadata: its own time. Host time of a warm fp8_paged_mqa_logits call (median).
+
+--arch sm_80 / sm_89 times the mma.sync kernels on this GPU (MLA_JIT_ARCH) and reports TFLOPS as a
+fraction of this GPU's mma.sync ceiling for their instruction (bench/probe_mma_sync.py: f16 m16n8k16
+for sm_80, e4m3 m16n8k32 for sm_89), measured in the same run.
 """
 from __future__ import annotations
 
@@ -134,10 +138,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true", help="a few rows only")
+    ap.add_argument("--arch", help="MLA_JIT_ARCH for mla_jit (sm_80, sm_86, sm_89: the mma.sync kernels)")
     ap.add_argument("--against-package", help="also time another copy of the package importable under this name "
                     "(scripts/prepare_prev.sh), interleaved call by call")
     args = ap.parse_args()
     global AGAINST
+    limit = None
+    if args.arch:
+        os.environ["MLA_JIT_ARCH"] = args.arch
+        from probe_mma_sync import peak_tflops
+        limit = peak_tflops("e4m3_m16n8k32" if args.arch in ("sm_89", "89") else "f16_m16n8k16")
+        print(f"MLA_JIT_ARCH={args.arch}: mma.sync ceiling {limit:.1f} TFLOPS on this GPU")
     if args.against_package:
         AGAINST = importlib.import_module(args.against_package)
     flush = torch.empty(8 << 30 >> 2, dtype=torch.float32, device="cuda")   # 8 GB: flushes the L2
@@ -146,22 +157,28 @@ def main():
     if args.quick:
         logits_rows, paged_rows = logits_rows[:3], paged_rows[:3]
     results = bench_logits(flush, logits_rows) + bench_paged(flush, paged_rows)
+    for r in results:
+        r["arch"] = args.arch or "native"
+        r["mma_sync_limit_tflops"] = limit
+        r["of_limit"] = r["tflops"] / limit if limit else None
     print(f"{'op':22} {'shape':24} {'us':>9} {'TFLOPS':>7} {'GB/s':>6} {'DG us':>7} {'x DG':>6}"
-          + ("  against us  x against" if AGAINST else ""))
+          + ("  of mma.sync" if limit else "") + ("  against us  x against" if AGAINST else ""))
     for r in results:
         shape = (f"seq {r['seq']} kv {r['kv']}" if r["op"] == "fp8_mqa_logits"
                  else f"b {r['batch']} n {r['next_n']} ctx {r['avg_ctx']}")
         gbs = f"{r['gbs']:6.0f}" if "gbs" in r else " " * 6
         dg = f"{r['deepgemm_us']:7.1f} {r['x_deepgemm']:6.3f}" if r["deepgemm_us"] else ""
         vs = f"  {r['against_us']:10.1f} {r['against_us'] / r['us']:10.3f}" if r.get("against_us") else ""
-        print(f"{r['op']:22} {shape:24} {r['us']:9.1f} {r['tflops']:7.0f} {gbs} {dg}{vs}")
+        lim = f"  {r['of_limit']:11.1%}" if limit else ""
+        print(f"{r['op']:22} {shape:24} {r['us']:9.1f} {r['tflops']:7.0f} {gbs} {dg}{lim}{vs}")
     for r in results:
         if "metadata_us" in r:
             host = " / ".join(f"{h:.1f}" for h in r["host_us"])
             print(f"b {r['batch']:5} n {r['next_n']}: metadata {r['metadata_us']:.1f} us GPU; paged call host {host} us")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": results}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "arch": args.arch or "native",
+                       "mma_sync_limit_tflops": limit, "rows": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""The V3.2 indexer ops on a Hopper GPU against the float32 reference (DeepGEMM's semantics):
-fp8_mqa_logits with ragged and context-parallel ranges (empty ones included), clean and compressed
-forms, every head count and head dim; get_paged_mqa_logits_metadata against its contract (all
-lengths zero included); fp8_paged_mqa_logits for every head count, next_n 1-4, pages 32/64/128,
-both context_lens forms, slab caches, NaN where nothing may read; CUDA graphs and torch.compile.
-Outputs are allocated by the ops: the tests fill the allocator's free blocks with NaN first, so an
-element the kernel should write and does not shows up."""
+"""The V3.2 indexer ops on a Hopper GPU against the float32 reference (DeepGEMM's semantics), with
+the Hopper kernels and the mma.sync ones (forced through MLA_JIT_ARCH): fp8_mqa_logits with ragged
+and context-parallel ranges (empty ones included), clean and compressed forms, every head count and
+head dim; get_paged_mqa_logits_metadata against its contract (all lengths zero included);
+fp8_paged_mqa_logits for every head count, next_n 1-4, pages 32/64/128, both context_lens forms,
+slab caches, NaN where nothing may read; CUDA graphs and torch.compile. Outputs are allocated by the
+ops: the tests fill the allocator's free blocks with NaN first, so an element the kernel should
+write and does not shows up."""
 import pytest
 import torch
 
@@ -14,6 +15,15 @@ from .indexer_reference import (expected_schedule, mqa_logits_reference, paged_c
                                 quantize_rows)
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(params=["sm_90a", "sm_80", "sm_89"])
+def family(request, monkeypatch):
+    """The Hopper kernels, and the mma.sync kernels forced on this GPU through MLA_JIT_ARCH (sm_80:
+    e4m3 converted to fp16, 163 KB of shared memory; sm_89: FP8 mma, 99 KB)."""
+    if request.param != "sm_90a":
+        monkeypatch.setenv("MLA_JIT_ARCH", request.param)
+    return request.param
 
 # Element bound |got - ref| <= _REL * magnitude + _ABS, magnitude = sum_h |w_h| sum_d |q_hd k_d|: the
 # FP8 wgmma accumulates the products with ~2^-14 relative precision (DeepSeek-V3 report; DeepGEMM's
@@ -64,7 +74,7 @@ def _ragged_inputs(m, n, h, d, seed, ranges="causal"):
 @pytest.mark.parametrize("h", [8, 16, 32, 64])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("ranges", ["causal", "random"])
-def test_mqa_logits_clean(h, d, ranges):
+def test_mqa_logits_clean(h, d, ranges, family):
     q, k, k_scale, w, ks, ke = _ragged_inputs(301, 777, h, d, seed=h + d, ranges=ranges)
     _poison_allocator()
     got = mla_jit.fp8_mqa_logits(q, (k, k_scale), w, ks, ke)
@@ -75,7 +85,7 @@ def test_mqa_logits_clean(h, d, ranges):
 
 
 @pytest.mark.parametrize("ranges", ["causal", "cp"])
-def test_mqa_logits_large_not_cleaned(ranges):
+def test_mqa_logits_large_not_cleaned(ranges, family):
     """DeepGEMM's test shapes, scaled: 2048 rows over 8192 keys, H 64, D 128, clean_logits=False."""
     q, k, k_scale, w, ks, ke = _ragged_inputs(2048, 8192, 64, 128, seed=5, ranges=ranges)
     got = mla_jit.fp8_mqa_logits(q, (k, k_scale), w, ks, ke, clean_logits=False)
@@ -83,7 +93,7 @@ def test_mqa_logits_large_not_cleaned(ranges):
     _check_close(got, ref, mag, ~torch.isneginf(ref))
 
 
-def test_mqa_logits_compressed():
+def test_mqa_logits_compressed(family):
     q, k, k_scale, w, ks, ke = _ragged_inputs(200, 1000, 32, 128, seed=3, ranges="random")
     width = int((ke - ks).max())
     _poison_allocator()
@@ -96,7 +106,7 @@ def test_mqa_logits_compressed():
     _check_close(got, torch.gather(ref, 1, idx), torch.gather(mag, 1, idx), valid)
 
 
-def test_mqa_logits_never_reads_unseen_keys():
+def test_mqa_logits_never_reads_unseen_keys(family):
     """Keys no row sees hold NaN (values and scales): every valid logit stays finite, the rest -inf."""
     q, k, k_scale, w, ks, ke = _ragged_inputs(64, 2048, 64, 128, seed=9, ranges="random")
     ks.clamp_(max=1000)
@@ -112,7 +122,7 @@ def test_mqa_logits_never_reads_unseen_keys():
     _check_close(got[:, :1000], ref, mag, ~torch.isneginf(ref))
 
 
-def test_mqa_logits_edge_sizes():
+def test_mqa_logits_edge_sizes(family):
     q, k, k_scale, w, ks, ke = _ragged_inputs(1, 1, 64, 128, seed=1, ranges="causal")
     got = mla_jit.fp8_mqa_logits(q, (k, k_scale), w, ks, ke)
     ref, mag = mqa_logits_reference(q, k, k_scale, w, ks, ke)
@@ -183,7 +193,7 @@ def _check_paged(got, q, cache, weights, context_lens, table, max_context_len, c
 
 @pytest.mark.parametrize("h", [8, 16, 32, 64])
 @pytest.mark.parametrize("next_n", [1, 2, 3, 4])
-def test_paged_logits_heads_and_next_n(h, next_n):
+def test_paged_logits_heads_and_next_n(h, next_n, family):
     lens = [1, 63, 64, 65, 300, 0, 2000, 777]
     q, cache, w, cl, table, max_len = _paged_inputs(len(lens), next_n, h, 128, 64, lens, seed=h * 10 + next_n)
     _poison_allocator()
@@ -195,7 +205,7 @@ def test_paged_logits_heads_and_next_n(h, next_n):
 @pytest.mark.parametrize("page", [32, 64, 128])
 @pytest.mark.parametrize("lens_2d", [False, True])
 @pytest.mark.parametrize("slab", [False, True])
-def test_paged_logits_pages_forms_slabs(page, lens_2d, slab):
+def test_paged_logits_pages_forms_slabs(page, lens_2d, slab, family):
     lens = [5, 129, 4096, 0, 1000, 64]
     q, cache, w, cl, table, max_len = _paged_inputs(len(lens), 2, 64, 128, page, lens, seed=page, lens_2d=lens_2d,
                                                     slab=slab)
@@ -203,7 +213,7 @@ def test_paged_logits_pages_forms_slabs(page, lens_2d, slab):
     _check_paged(got, q, cache, w, cl, table, max_len, False)
 
 
-def test_paged_logits_head_dim_64_and_zero_lengths():
+def test_paged_logits_head_dim_64_and_zero_lengths(family):
     q, cache, w, cl, table, max_len = _paged_inputs(4, 1, 32, 64, 64, [100, 0, 5, 64], seed=4)
     got = _run_paged(q, cache, w, cl, table, 256, clean=True)
     _check_paged(got, q, cache, w, cl, table, 256, True)
@@ -212,7 +222,7 @@ def test_paged_logits_head_dim_64_and_zero_lengths():
     assert torch.isneginf(got).all()
 
 
-def test_paged_logits_large_batch():
+def test_paged_logits_large_batch(family):
     gen = torch.Generator().manual_seed(0)
     lens = torch.randint(5000, 12000, (64,), generator=gen).tolist()
     q, cache, w, cl, table, max_len = _paged_inputs(64, 1, 64, 128, 64, lens, seed=0)
@@ -220,7 +230,7 @@ def test_paged_logits_large_batch():
     _check_paged(got, q, cache, w, cl, table, max_len, False)
 
 
-def test_paged_logits_cuda_graph():
+def test_paged_logits_cuda_graph(family):
     lens = [100, 3000, 64]
     q, cache, w, cl, table, max_len = _paged_inputs(3, 2, 64, 128, 64, lens, seed=7)
     _run_paged(q, cache, w, cl, table, max_len, clean=True)   # warm: kernels loaded

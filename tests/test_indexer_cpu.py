@@ -7,13 +7,14 @@ import pytest
 import torch
 
 import mla_jit
-from mla_jit.configs.indexer import (INDEXER_HEADS, LogitsConfig, PagedConfig, logits_chunk_keys, logits_config,
-                                     paged_config)
+from mla_jit.configs.indexer import (INDEXER_HEADS, SM80_SMEM_LIMITS, LogitsConfig, PagedConfig, logits_chunk_keys,
+                                     logits_config, logits_sm80_config, paged_config, paged_sm80_config)
 from mla_jit.jit.arch import resolve_for_build
 from mla_jit.jit.build import build
 from mla_jit.ops import validate
 from mla_jit.runtimes import registry
-from mla_jit.runtimes.indexer import LOGITS_PARAMS, METADATA_PARAMS, PAGED_PARAMS
+from mla_jit.runtimes.indexer import (LOGITS_PARAMS, LOGITS_SM80_PARAMS, METADATA_PARAMS, PAGED_PARAMS,
+                                      PAGED_SM80_PARAMS)
 
 from .helpers import sass_of
 from .indexer_reference import expected_schedule, mqa_logits_reference, paged_cache, paged_logits_reference
@@ -27,6 +28,9 @@ def test_params_structs_match_header():
     assert f"static_assert(sizeof(LogitsParams) == {LOGITS_PARAMS.size}," in header
     assert f"static_assert(sizeof(PagedParams) == {PAGED_PARAMS.size}," in header
     assert f"static_assert(sizeof(MetadataParams) == {METADATA_PARAMS.size}," in header
+    sm80 = (REPO / "mla_jit/include/mla_jit/indexer/mma_sm80.cuh").read_text()
+    assert f"static_assert(sizeof(LogitsSm80Params) == {LOGITS_SM80_PARAMS.size}," in sm80
+    assert f"static_assert(sizeof(PagedSm80Params) == {PAGED_SM80_PARAMS.size}," in sm80
 
 
 def test_configs():
@@ -97,6 +101,43 @@ def test_sm90_kernels_compile_without_local_memory(cfg, cache_root, monkeypatch,
         sass = sass_of(binary.cubin, tmp_path)
         assert "QGMMA.64x128x32.F32.E4M3.E4M3" in sass and "LDL" not in sass and "STL" not in sass
         assert "UTMALDG.2D" in sass
+
+
+def test_sm80_configs_fit_each_arch():
+    for name, limit in SM80_SMEM_LIMITS.items():
+        arch = resolve_for_build(name).tuning
+        for h in INDEXER_HEADS:
+            for d in (64, 128):
+                cfg = logits_sm80_config(h, d, arch)
+                assert cfg.smem_bytes <= limit and cfg.fp8_mma == (name == "sm_89")
+                assert (256 // h) % cfg.unit_rows == 0   # the op's row padding covers every unit
+                for next_n in (1, 2, 3, 4):
+                    paged = paged_sm80_config(h, d, next_n, 64, arch)
+                    assert paged.smem_bytes <= limit and paged.num_threads <= 512
+
+
+# The mma.sync kernels of each arch: the largest register users (H 64, next_n 4), both page splits.
+_SM80_BUILDS = [("sm_89", "logits", (64, 128)), ("sm_89", "logits", (8, 64)), ("sm_80", "logits", (64, 128)),
+                ("sm_86", "logits", (16, 128)), ("sm_89", "paged", (64, 128, 4, 32)), ("sm_89", "paged", (64, 64, 4, 64)),
+                ("sm_80", "paged", (64, 128, 4, 64)), ("sm_80", "paged", (8, 128, 1, 128)),
+                ("sm_86", "paged", (64, 128, 3, 64))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,kind,shape", _SM80_BUILDS, ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple)
+                         else str(v))
+def test_sm80_kernels_compile_without_local_memory(arch, kind, shape, cache_root, monkeypatch, tmp_path):
+    monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
+    pair = resolve_for_build(arch)
+    family = registry.get(f"indexer_{kind}_sm80")
+    cfg = (logits_sm80_config if kind == "logits" else paged_sm80_config)(*shape, pair.tuning)
+    binary = build(family.source(cfg, pair))
+    report = binary.log.split(f"Function properties for {family.ENTRY}")[1].splitlines()[1]
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
+    sass = sass_of(binary.cubin, tmp_path)
+    assert "LDL" not in sass and "STL" not in sass
+    assert ("QMMA.16832.F32.E4M3.E4M3" if cfg.fp8_mma else "HMMA.16816.F32") in sass, "the mma.sync instruction"
+    assert "LDGSTS" in sass, "cp.async loads"
 
 
 @pytest.mark.slow

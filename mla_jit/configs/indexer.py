@@ -14,6 +14,8 @@ INDEXER_HEAD_DIMS = (64, 128)
 INDEXER_PAGE_SIZES = (32, 64, 128)
 INDEXER_MAX_NEXT_N = 4
 SM90_TUNINGS = ("sm_90a",)
+SM80_TUNINGS = ("sm_80", "sm_86", "sm_89")   # the mma.sync kernels (sm_89: FP8 mma)
+SM80_SMEM_LIMITS = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024}
 TILE_KEYS = 64            # keys per tile of both kernels (the schedule's unit)
 LOGITS_N = 128            # fp8_mqa_logits: query tokens x heads per q block (the wgmma N)
 SMEM_LIMIT = 227 * 1024
@@ -70,6 +72,96 @@ class IndexerMetadataConfig:
 
     def __post_init__(self):
         check_fields(self, tile_keys=(TILE_KEYS,))
+
+
+def _sm80_smem(n_cols: int, head_dim: int, stages: int, fp8_mma: bool) -> int:
+    """Shared memory of the mma.sync kernels: the key stages and the Q tile (fp16 without FP8 mma)."""
+    return stages * (TILE_KEYS * head_dim + TILE_KEYS * 4) + n_cols * head_dim * (1 if fp8_mma else 2)
+
+
+def paged_warp_tokens(next_n: int, heads: int) -> int:
+    """Query tokens of a warp of the mma.sync paged kernel: the most that divide next_n in 64 columns
+    (paged_logits_sm80.cuh's paged_warp_tokens)."""
+    return max(t for t in range(1, next_n + 1) if next_n % t == 0 and (t == 1 or t * heads <= 64))
+
+
+@dataclass(frozen=True)
+class LogitsSm80Config:
+    """fp8_mqa_logits on the mma.sync family: warps of warp_keys keys x 64 columns (64 / warp_keys key
+    groups by token_groups), q blocks of 64 token_groups / heads tokens, 64-key tiles through
+    num_stages cp.async stages; fp8_mma (sm_89) or e4m3 converted to fp16 (sm_80 / sm_86)."""
+    heads: int
+    head_dim: int
+    num_stages: int
+    fp8_mma: bool
+    warp_keys: int = 32
+    token_groups: int = 4
+
+    def __post_init__(self):
+        check_fields(self, heads=INDEXER_HEADS, head_dim=INDEXER_HEAD_DIMS, num_stages=range(2, 17),
+                     fp8_mma=(True, False), warp_keys=(16, 32), token_groups=(1, 2, 4))
+
+    @property
+    def unit_rows(self) -> int:
+        """Query rows of a work unit (a divisor of the op's row alignment, 256 / heads)."""
+        return 64 * self.token_groups // self.heads
+
+    @property
+    def num_threads(self) -> int:
+        return 32 * (TILE_KEYS // self.warp_keys) * self.token_groups
+
+    @property
+    def smem_bytes(self) -> int:
+        return _sm80_smem(64 * self.token_groups, self.head_dim, self.num_stages, self.fp8_mma)
+
+
+@dataclass(frozen=True)
+class PagedSm80Config:
+    """fp8_paged_mqa_logits on the mma.sync family: next_n x heads columns in token groups of at most
+    64, 4 key groups of 16 keys or 2 of 32 (paged_logits_sm80.cuh), 64-key tiles of page_size pages through num_stages cp.async stages."""
+    heads: int
+    head_dim: int
+    next_n: int
+    page_size: int
+    num_stages: int
+    fp8_mma: bool
+
+    def __post_init__(self):
+        check_fields(self, heads=INDEXER_HEADS, head_dim=INDEXER_HEAD_DIMS, next_n=range(1, INDEXER_MAX_NEXT_N + 1),
+                     page_size=INDEXER_PAGE_SIZES, num_stages=range(2, 17), fp8_mma=(True, False))
+
+    @property
+    def num_threads(self) -> int:
+        token_groups = self.next_n // paged_warp_tokens(self.next_n, self.heads)
+        warp_keys = 16 if token_groups <= 2 or (self.fp8_mma and self.head_dim == 128) else 32
+        return 32 * token_groups * (64 // warp_keys)
+
+    @property
+    def smem_bytes(self) -> int:
+        return _sm80_smem(self.next_n * self.heads, self.head_dim, self.num_stages, self.fp8_mma)
+
+
+@functools.lru_cache(maxsize=None)
+def logits_sm80_config(heads: int, head_dim: int, arch: Arch) -> LogitsSm80Config:
+    # The deepest ring that fits the arch's shared memory beside the Q tile (tiles in flight).
+    for stages in (6, 4, 3, 2):
+        if arch.name == "sm_89":   # Q in registers: 16 keys a warp leaves room for them
+            cfg = LogitsSm80Config(heads, head_dim, stages, True, warp_keys=16, token_groups=2)
+        else:
+            cfg = LogitsSm80Config(heads, head_dim, stages, False)
+        if cfg.smem_bytes <= SM80_SMEM_LIMITS[arch.name]:
+            return cfg
+    raise AssertionError("no mma.sync indexer config fits")   # (2 stages fit every shape)
+
+
+@functools.lru_cache(maxsize=None)
+def paged_sm80_config(heads: int, head_dim: int, next_n: int, page_size: int, arch: Arch) -> PagedSm80Config:
+    # Memory-bound: the deepest ring that fits.
+    for stages in (8, 6, 4, 3, 2):
+        cfg = PagedSm80Config(heads, head_dim, next_n, page_size, stages, arch.name == "sm_89")
+        if cfg.smem_bytes <= SM80_SMEM_LIMITS[arch.name]:
+            return cfg
+    raise AssertionError("no mma.sync paged indexer config fits")
 
 
 @functools.lru_cache(maxsize=None)

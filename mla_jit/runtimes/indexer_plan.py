@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..configs.indexer import (LOGITS_N, SM90_TUNINGS, TILE_KEYS, IndexerMetadataConfig, logits_chunk_keys,
-                               logits_config, paged_config)
+from ..configs.indexer import (LOGITS_N, SM80_TUNINGS, SM90_TUNINGS, TILE_KEYS, IndexerMetadataConfig,
+                               logits_chunk_keys, logits_config, logits_sm80_config, paged_config, paged_sm80_config)
 from ..errors import FeatureNotAvailableError
 from ..jit import env, tma
 from ..jit.arch import resolve_for_device
@@ -18,7 +18,7 @@ from ..jit.loader import read_global_int32
 from ..jit.stream import current_stream
 from . import registry
 from .device import num_sms as _num_sms
-from .indexer import LOGITS_PARAMS, METADATA_PARAMS, PAGED_PARAMS
+from .indexer import LOGITS_PARAMS, LOGITS_SM80_PARAMS, METADATA_PARAMS, PAGED_PARAMS, PAGED_SM80_PARAMS
 
 MAX_PLANS = 1024
 MAX_DESCRIPTORS = 4096
@@ -49,29 +49,45 @@ def _tiled(t: torch.Tensor, box: tuple[int, ...], swizzle: int = 0) -> tma.TmaDe
                  lambda: tma.tiled(t, box, swizzle=swizzle))
 
 
-def _sm90_arch(device_index: int, argument: str):
+def _indexer_arch(device_index: int, argument: str):
+    """The device's arch pair, and whether it takes the TMA + wgmma kernels (else mma.sync)."""
     arch = resolve_for_device(device_index)
-    if arch.tuning.name not in SM90_TUNINGS:
-        raise FeatureNotAvailableError(argument, f"the V3.2 indexer on {arch.tuning.name} (sm_90a only so far)")
-    return arch
+    name = arch.tuning.name
+    if name not in SM90_TUNINGS and name not in SM80_TUNINGS:
+        raise FeatureNotAvailableError(argument, f"the V3.2 indexer on {name}")
+    return arch, name in SM90_TUNINGS
+
+
+def _kernel_launch(family, cfg, arch, device_index: int, params: tuple, threads: int | None = None):
+    """The cached launch of a family's kernel: its dynamic shared memory (and, for the mma.sync
+    kernels, its block size) read from the binary."""
+    binary = family.binary(cfg, arch)
+    smem = read_global_int32(binary, f"{family.ENTRY}_smem_bytes", device_index)
+    if threads is None:
+        threads = read_global_int32(binary, f"{family.ENTRY}_threads", device_index)
+    return family.launcher(cfg, arch, family.ENTRY, device_index, params, (1, 1, 1), (threads, 1, 1),
+                           dynamic_smem=smem)
 
 
 class LogitsPlan:
     """fp8_mqa_logits for one (heads, head dim, device)."""
 
-    __slots__ = ("cfg", "launch", "device_index", "heads", "head_dim", "num_sms")
+    __slots__ = ("cfg", "launch", "device_index", "heads", "head_dim", "num_sms", "tma")
 
     def __init__(self, heads: int, head_dim: int, device_index: int):
         self.device_index = device_index
-        arch = _sm90_arch(device_index, "q")
+        arch, self.tma = _indexer_arch(device_index, "q")
         self.heads, self.head_dim = heads, head_dim
-        self.cfg = logits_config(heads, head_dim, arch.tuning)
         self.num_sms = _num_sms(device_index)
-        family = registry.get("indexer_logits_sm90")
-        smem = read_global_int32(family.binary(self.cfg, arch), f"{family.ENTRY}_smem_bytes", device_index)
-        params = (Blob(LOGITS_PARAMS.size), TMA_DESC, TMA_DESC, TMA_DESC, TMA_DESC)
-        self.launch = family.launcher(self.cfg, arch, family.ENTRY, device_index, params, (1, 1, 1), (384, 1, 1),
-                                      dynamic_smem=smem)
+        if self.tma:
+            self.cfg = logits_config(heads, head_dim, arch.tuning)
+            params = (Blob(LOGITS_PARAMS.size), TMA_DESC, TMA_DESC, TMA_DESC, TMA_DESC)
+            self.launch = _kernel_launch(registry.get("indexer_logits_sm90"), self.cfg, arch, device_index, params,
+                                         384)
+        else:
+            self.cfg = logits_sm80_config(heads, head_dim, arch.tuning)
+            self.launch = _kernel_launch(registry.get("indexer_logits_sm80"), self.cfg, arch, device_index,
+                                         (Blob(LOGITS_SM80_PARAMS.size),))
 
     def run(self, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
             ke: torch.Tensor, logits: torch.Tensor, clean: bool, max_seqlen_k: int) -> None:
@@ -84,8 +100,14 @@ class LogitsPlan:
         chunk = logits_chunk_keys(n, num_q_blocks, self.num_sms)
         num_chunks = -(-n // chunk)
         grid = min(num_q_blocks * num_chunks, self.num_sms)
-        params = LOGITS_PARAMS.pack(ks.data_ptr(), ke.data_ptr(), logits.data_ptr(), logits.stride(0), m, n,
-                                    num_q_blocks, num_chunks, chunk, max_seqlen_k, int(clean), 0)
+        base = (ks.data_ptr(), ke.data_ptr(), logits.data_ptr(), logits.stride(0), m, n, num_q_blocks, num_chunks,
+                chunk, max_seqlen_k, int(clean), 0)
+        if not self.tma:
+            params = LOGITS_SM80_PARAMS.pack(*base, q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(),
+                                             weights.stride(0))
+            self.launch(current_stream(self.device_index), params, grid=(grid, 1, 1))
+            return
+        params = LOGITS_PARAMS.pack(*base)
         d = self.head_dim
         q_desc = _tiled(q.view(m * self.heads, d), (LOGITS_N, d), swizzle=d)
         w_desc = _tiled(weights, (unit_rows, self.heads))
@@ -98,18 +120,21 @@ class LogitsPlan:
 class PagedPlan:
     """fp8_paged_mqa_logits for one (heads, head dim, next_n, page size, device)."""
 
-    __slots__ = ("cfg", "launch", "device_index", "heads", "head_dim", "next_n", "page")
+    __slots__ = ("cfg", "launch", "device_index", "heads", "head_dim", "next_n", "page", "tma")
 
     def __init__(self, heads: int, head_dim: int, next_n: int, page: int, device_index: int):
         self.device_index = device_index
-        arch = _sm90_arch(device_index, "q")
+        arch, self.tma = _indexer_arch(device_index, "q")
         self.heads, self.head_dim, self.next_n, self.page = heads, head_dim, next_n, page
-        self.cfg = paged_config(heads, head_dim, next_n, page, arch.tuning)
-        family = registry.get("indexer_paged_sm90")
-        smem = read_global_int32(family.binary(self.cfg, arch), f"{family.ENTRY}_smem_bytes", device_index)
-        params = (Blob(PAGED_PARAMS.size), TMA_DESC, TMA_DESC, TMA_DESC, TMA_DESC)
-        self.launch = family.launcher(self.cfg, arch, family.ENTRY, device_index, params, (1, 1, 1), (384, 1, 1),
-                                      dynamic_smem=smem)
+        if self.tma:
+            self.cfg = paged_config(heads, head_dim, next_n, page, arch.tuning)
+            params = (Blob(PAGED_PARAMS.size), TMA_DESC, TMA_DESC, TMA_DESC, TMA_DESC)
+            self.launch = _kernel_launch(registry.get("indexer_paged_sm90"), self.cfg, arch, device_index, params,
+                                         384)
+        else:
+            self.cfg = paged_sm80_config(heads, head_dim, next_n, page, arch.tuning)
+            self.launch = _kernel_launch(registry.get("indexer_paged_sm80"), self.cfg, arch, device_index,
+                                         (Blob(PAGED_SM80_PARAMS.size),))
 
     def _cache_descriptors(self, kv_cache: torch.Tensor) -> tuple[tma.TmaDescriptor, tma.TmaDescriptor]:
         """The page values (D x page x blocks, e4m3 as bytes) and the page scales (page x blocks, fp32),
@@ -132,9 +157,15 @@ class PagedPlan:
             if clean and logits.numel():
                 logits.fill_(float("-inf"))   # no key at all
             return
-        params = PAGED_PARAMS.pack(context_lens.data_ptr(), block_table.data_ptr(), schedule.data_ptr(),
-                                   logits.data_ptr(), logits.stride(0), block_table.stride(0), b, self.next_n,
-                                   block_table.shape[1], int(context_lens.dim() == 2), max_context_len, int(clean))
+        base = (context_lens.data_ptr(), block_table.data_ptr(), schedule.data_ptr(), logits.data_ptr(),
+                logits.stride(0), block_table.stride(0), b, self.next_n, block_table.shape[1],
+                int(context_lens.dim() == 2), max_context_len, int(clean))
+        if not self.tma:
+            params = PAGED_SM80_PARAMS.pack(*base, q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(),
+                                            weights.stride(0), kv_cache.stride(0), kv_cache.shape[0], 0)
+            self.launch(current_stream(self.device_index), params, grid=(ctas, 1, 1))
+            return
+        params = PAGED_PARAMS.pack(*base)
         n_cols = self.next_n * self.heads
         q_desc = _tiled(q.view(b * n_cols, self.head_dim), (n_cols, self.head_dim), swizzle=self.head_dim)
         w_desc = _tiled(weights, (self.next_n, self.heads))

@@ -33,6 +33,7 @@
 #include "mla_jit/common/sm90.cuh"
 #include "mla_jit/common/sm90_fragment.cuh"
 #include "common.cuh"
+#include "work.cuh"
 
 namespace mla_jit {
 namespace indexer {
@@ -119,38 +120,6 @@ struct LogitsSm90Config {
 
 namespace detail {
 
-// One work unit: q block qb, chunk [c0, c1) of the keys, and its tiles [t0, t0 + 64 n_tiles).
-struct Unit {
-  int qb, c0, c1, t0, n_tiles;
-};
-
-// Called by whole warps (lane r reads row r of the block; UNIT_Q <= 32).
-template <typename Cfg>
-__device__ __forceinline__ Unit unit_of(const LogitsParams& p, int u, int lane) {
-  static_assert(Cfg::UNIT_Q <= 32, "a lane a row");
-  Unit w;
-  w.qb = u / p.num_chunks;
-  w.c0 = (u - w.qb * p.num_chunks) * p.chunk_keys;
-  w.c1 = min(p.n, w.c0 + p.chunk_keys);
-  const int r = w.qb * Cfg::UNIT_Q + lane;
-  int s = p.n, e = 0;
-  if (lane < Cfg::UNIT_Q && r < p.m) {
-    s = max(__ldg(p.ks + r), 0);
-    e = min(__ldg(p.ke + r), p.n);
-    if (s >= e) s = p.n, e = 0;   // an empty row widens nothing
-  }
-  const int lo = max(int(__reduce_min_sync(0xffffffffu, unsigned(s))), w.c0);
-  const int hi = min(int(__reduce_max_sync(0xffffffffu, unsigned(e))), w.c1);
-  w.t0 = lo < hi ? (lo & ~(kTileKeys - 1)) : w.c0;
-  w.n_tiles = lo < hi ? (hi - w.t0 + kTileKeys - 1) / kTileKeys : 0;
-  return w;
-}
-
-template <typename Cfg>
-__device__ __forceinline__ int num_units(const LogitsParams& p) {
-  return p.num_q_blocks * p.num_chunks;
-}
-
 // Warp 0; lane 0 issues the barriers and TMA loads.
 template <typename Cfg>
 __device__ __forceinline__ void producer(typename Cfg::SharedStorage& ss, const LogitsParams& p,
@@ -160,10 +129,10 @@ __device__ __forceinline__ void producer(typename Cfg::SharedStorage& ss, const 
   const int lane = threadIdx.x % 32;
   const uint64_t k_policy = l2_evict_last_policy();   // every q block reads the same keys
   uint32_t q_iter = 0, kv_iter = 0;
-  const int units = num_units<Cfg>(p);
+  const int units = num_units(p);
 #pragma unroll 1
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = unit_of<Cfg>(p, u, lane);
+    const Unit w = unit_of<Cfg::UNIT_Q>(p, u, lane);
     if (w.n_tiles == 0) continue;
     const int x = q_iter & 1;
     if (lane == 0) mbarrier_wait(&ss.q_empty[x], ((q_iter >> 1) & 1) ^ 1);
@@ -194,31 +163,6 @@ __device__ __forceinline__ void producer(typename Cfg::SharedStorage& ss, const 
     __syncwarp();
     kv_iter += w.n_tiles;
     ++q_iter;
-  }
-}
-
-// -inf into the columns [a, b) of a row (a a multiple of 4; `lane` of `lanes` threads).
-__device__ __forceinline__ void fill_neg_inf(float* row, int a, int b, int lane, int lanes) {
-  const int b4 = a + ((b - a) & ~3);
-  const float4 v = make_float4(kNegInf, kNegInf, kNegInf, kNegInf);
-  for (int c = a + 4 * lane; c < b4; c += 4 * lanes) *reinterpret_cast<float4*>(row + c) = v;
-  if (lane < b - b4) row[b4 + lane] = kNegInf;
-}
-
-template <typename Cfg>
-__device__ __forceinline__ void cleaner(const LogitsParams& p, int lane, int lanes) {
-  const int units = num_units<Cfg>(p);
-#pragma unroll 1
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = unit_of<Cfg>(p, u, lane % 32);
-    const int tiles_end = w.t0 + w.n_tiles * kTileKeys;
-    const int r0 = w.qb * Cfg::UNIT_Q, r1 = min(p.m, r0 + Cfg::UNIT_Q);
-#pragma unroll 1
-    for (int r = r0; r < r1; ++r) {
-      float* row = p.logits + r * p.stride;
-      fill_neg_inf(row, w.c0, w.t0, lane, lanes);
-      if (tiles_end < w.c1) fill_neg_inf(row, tiles_end, w.c1, lane, lanes);
-    }
   }
 }
 
@@ -288,10 +232,10 @@ __device__ __forceinline__ void math(typename Cfg::SharedStorage& ss, const Logi
   auto acc1 = Cfg::Mma::make_acc();
   MathUnit<Cfg> mu;
   uint32_t q_iter = 0, kv_iter = 0;
-  const int units = num_units<Cfg>(p);
+  const int units = num_units(p);
 #pragma unroll 1
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = unit_of<Cfg>(p, u, lane);
+    const Unit w = unit_of<Cfg::UNIT_Q>(p, u, lane);
     if (w.n_tiles == 0) continue;
     const int x = q_iter & 1;
     mbarrier_wait(&ss.q_full[x], (q_iter >> 1) & 1);
@@ -384,7 +328,7 @@ __device__ __forceinline__ void logits_body(const LogitsParams& p, const TmaDesc
   auto& ss = init_shared<Cfg>({q_desc, w_desc, k_desc, s_desc}, 8);   // both math warpgroups read each stage
   run_roles<Cfg>([&] { detail::producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc); },
                  [&](int lane, int lanes) {
-                   if (p.clean && p.max_seqlen_k == 0) detail::cleaner<Cfg>(p, lane, lanes);
+                   if (p.clean && p.max_seqlen_k == 0) detail::logits_cleaner<Cfg::UNIT_Q>(p, lane, lanes);
                  },
                  [&](int wg) { detail::math<Cfg>(ss, p, wg); });
 }

@@ -53,25 +53,6 @@ struct PagedSm90Config {
 
 namespace detail {
 
-__device__ __forceinline__ int paged_tiles(const PagedParams& p, int bi) {
-  return (paged_keys(p.context_lens, bi, p.next_n, p.lens_2d) + kTileKeys - 1) / kTileKeys;
-}
-
-// Calls f(batch, first tile, end tile) for each batch entry of this CTA's range of the schedule,
-// in order. Bounded by the batch size and each entry's tiles whatever the schedule holds.
-template <typename F>
-__device__ __forceinline__ void for_each_segment(const PagedParams& p, F&& f) {
-  const int c = blockIdx.x;
-  int bi = max(__ldg(p.schedule + 2 * c), 0), t = max(__ldg(p.schedule + 2 * c + 1), 0);
-  const int b_end = __ldg(p.schedule + 2 * c + 2), t_end = __ldg(p.schedule + 2 * c + 3);
-#pragma unroll 1
-  for (; bi < p.b && bi <= b_end; ++bi, t = 0) {
-    const int n = paged_tiles(p, bi);
-    const int last = bi == b_end ? min(t_end, n) : n;
-    if (t < last) f(bi, t, last);
-  }
-}
-
 // Warp 0: lane 0 issues the TMA loads; the 32 lanes read the block table 32 tiles ahead (one
 // dependent global load per tile would otherwise sit between each free stage and its load).
 template <typename Cfg>
@@ -122,16 +103,6 @@ __device__ __forceinline__ void paged_producer(typename Cfg::SharedStorage& ss, 
       }
     }
   });
-}
-
-template <typename Cfg>
-__device__ __forceinline__ void paged_cleaner(const PagedParams& p, int lane, int lanes) {
-  const int rows = p.b * p.next_n;
-#pragma unroll 1
-  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int first = min(paged_tiles(p, r / p.next_n) * kTileKeys, p.max_context_len);
-    fill_neg_inf(p.logits + r * p.stride, first, p.max_context_len, lane, lanes);
-  }
 }
 
 template <typename Cfg>
@@ -189,7 +160,7 @@ __device__ __forceinline__ void paged_logits_body(const PagedParams& p, const Tm
   auto& ss = init_shared<Cfg>({q_desc, w_desc, k_desc, s_desc}, 4);   // one math warpgroup reads each stage
   run_roles<Cfg>([&] { detail::paged_producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc); },
                  [&](int lane, int lanes) {
-                   if (p.clean) detail::paged_cleaner<Cfg>(p, lane, lanes);
+                   if (p.clean) detail::paged_cleaner(p, lane, lanes);
                  },
                  [&](int wg) { detail::paged_math<Cfg>(ss, p, wg); });
 }
