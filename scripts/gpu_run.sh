@@ -109,7 +109,7 @@ if [ -z "${SKIP_INDEXER_BENCH:-}" ]; then
     | tee "$OUT/bench_indexer.log" | tail -n 32
   for arch in ${INDEXER_BENCH_ARCHS:-}; do  # e.g. "sm_80 sm_89": the mma.sync kernels on this GPU
     timeout "${BENCH_TIMEOUT:-400}" python3 bench/bench_indexer.py --arch "$arch" ${INDEXER_BENCH_ARGS:-} \
-      --json "$OUT/bench_indexer_$arch.json" 2>&1 | tee "$OUT/bench_indexer_$arch.log" | tail -n 32
+      ${BENCH_AGAINST_PACKAGE:+--against-package "$BENCH_AGAINST_PACKAGE"} --json "$OUT/bench_indexer_$arch.json" 2>&1 | tee "$OUT/bench_indexer_$arch.log" | tail -n 32
   done
 fi
 if [ -n "${SPEC_BENCH:-}" ]; then  # decode with 1-16 query tokens a sequence (speculative decoding)

@@ -72,22 +72,12 @@ __device__ __forceinline__ void logits_sm80_unit(typename Cfg::SharedStorage& ss
     ks[m] = r < p.m ? __ldg(p.ks + r) : 0;
     ke[m] = r < p.m ? __ldg(p.ke + r) : 0;
   }
-  sm80::cp_async_wait<NS - 1>();   // the Q tile (the oldest group)
-  __syncthreads();
-  tile.load_q(ss.q, lane);
-#pragma unroll 1
-  for (int i = 0; i < un.n_tiles; ++i) {
-    sm80::cp_async_wait<NS - 2>();
-    __syncthreads();   // tile i landed for all; every warp is done with tile i - 1's stage
-    const int next = i + NS - 1;
-    if (next < un.n_tiles) load_key_tile<Cfg>(ss, next % NS, pp, un.t0 + next * kTileKeys, tid);
-    sm80::cp_async_commit();
-    const int s = i % NS;
-    tile.score(ss.k[s], ss.q, lane);
+  auto load = [&](int j, int stage) { load_key_tile<Cfg>(ss, stage, pp, un.t0 + j * kTileKeys, tid); };
+  auto finish = [&](int i, auto buf) {
 #pragma unroll
     for (int mt = 0; mt < Cfg::MT; ++mt) {
       float out[Sum::kOut];
-      tile.head_sum(mt, ss.scale[s], w, out, lane);
+      tile.template head_sum<decltype(buf)::value>(mt, w, out, lane);
       const int key = un.t0 + i * kTileKeys + tile.out_row(mt, lane);
 #pragma unroll
       for (int m = 0; m < Sum::kOut; ++m) {
@@ -102,7 +92,8 @@ __device__ __forceinline__ void logits_sm80_unit(typename Cfg::SharedStorage& ss
         }
       }
     }
-  }
+  };
+  run_tiles<Cfg>(ss, tile, un.n_tiles, load, finish, lane);
 }
 
 }  // namespace detail

@@ -6,7 +6,7 @@
 // groups of KW keys. Warp (key group, token group) computes S = K Q^T for its KW keys x NW columns
 // with mma.sync (keys the M dimension, as the wgmma kernels: indexer/common.cuh's HeadSum is the
 // epilogue), reading K from the tile's shared-memory stage with ldmatrix.
-//   FP8_MMA (sm_89): m16n8k32 e4m3 x e4m3; the warp's Q fragments stay in registers for a whole unit.
+//   FP8_MMA (sm_89): m16n8k32 e4m3 x e4m3, Q fragments read from the unit's Q tile by ldmatrix.
 //   otherwise (sm_80 / sm_86, no FP8 tensor cores): K fragments are converted e4m3 -> fp16 in
 //   registers after ldmatrix, Q once per unit into a fp16 tile (both exact, scaled by 2^-8; the
 //   epilogue takes 2^16 back with k_scale), then m16n8k16 f16. The conversion pairs bytes (0, 2)
@@ -64,6 +64,8 @@ struct Sm80TileConfig {
   static_assert(NW % H == 0 && NW % 8 == 0 && NW <= 64, "a warp's columns: whole tokens, at most 64");
   static_assert(KW == 16 || KW == 32, "keys of a warp: 16 or 32");
   using Sum = HeadSum<NW, H>;
+  // Two accumulators when they fit the registers (up to 32 values each: KW 16 with 64 columns).
+  static constexpr bool kPipelined = MT * NT * 4 <= 32;
 
   struct SharedStorage {
     alignas(128) unsigned char k[NUM_STAGES][kTileKeys * D];
@@ -73,62 +75,70 @@ struct Sm80TileConfig {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
 
-// A warp's operands and accumulators for one tile.
+// A warp's accumulators: two when kPipelined (tile i + 1's MMAs issue before tile i's epilogue, so
+// the tensor cores and the CUDA cores overlap within the warp; run_tiles).
+template <int B>
+struct AccBuf {
+  static constexpr int value = B;
+};
+
 template <typename Cfg>
 struct WarpTile {
   static constexpr int NT = Cfg::NT, MT = Cfg::MT, KSTEPS = Cfg::KSTEPS;
-  // FP8_MMA: the warp's Q (B operand) for the unit: [n tile][k step][b0, b1].
-  unsigned qf[Cfg::FP8_MMA ? NT : 1][Cfg::FP8_MMA ? KSTEPS : 1][2];
-  float acc[MT][NT][4];
-  int key_row, col;   // the warp's first key row in the tile, first column of the CTA's Q tile
+  float acc[Cfg::kPipelined ? 2 : 1][MT][NT][4];
+  float scale[Cfg::kPipelined ? 2 : 1][MT][2];   // k_scale of the lane's rows (read with the tile: its stage is refilled next)
+  int key_row, col;        // the warp's first key row in the tile, first column of the CTA's Q tile
 
   __device__ __forceinline__ void init(int warp) {
     key_row = (warp % Cfg::KG) * Cfg::KW;
     col = (warp / Cfg::KG) * Cfg::NW;
   }
 
-  // FP8_MMA: the warp's Q fragments from the unit's Q tile (visible to the warp).
-  __device__ __forceinline__ void load_q(const unsigned char* q_tile, int lane) {
-    if constexpr (Cfg::FP8_MMA) {
-      const unsigned base = sm80::smem_u32(q_tile);
+  // acc[B] = S of the warp's keys of the tile in k_tile and its columns; scale[B] its rows' k_scale
+  // (times 2^16 on the fp16 path: its operands' 2^-8 each).
+  template <int B>
+  __device__ __forceinline__ void score(const unsigned char* k_tile, const float* k_scale,
+                                        const unsigned char* q_tile, int lane) {
+    constexpr float kUnscale = Cfg::FP8_MMA ? 1.f : 65536.f;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
+    for (int mt = 0; mt < MT; ++mt) {
+      const int row = key_row + mt * 16 + lane / 4;
+      scale[B][mt][0] = k_scale[row] * kUnscale;
+      scale[B][mt][1] = k_scale[row + 8] * kUnscale;
 #pragma unroll
-        for (int ks = 0; ks < KSTEPS; ks += 2) {   // one x4: k steps ks, ks + 1 of n tile nt
-          unsigned r[4];
-          sm80::ldsm_x4(r, base + sm80::swz<Cfg::Q_CHUNKS>(col + nt * 8 + lane % 8, 2 * ks + lane / 8));
-          qf[nt][ks][0] = r[0], qf[nt][ks][1] = r[1], qf[nt][ks + 1][0] = r[2], qf[nt][ks + 1][1] = r[3];
+      for (int nt = 0; nt < NT; ++nt) acc[B][mt][nt][0] = acc[B][mt][nt][1] = acc[B][mt][nt][2] = acc[B][mt][nt][3] = 0.f;
+    }
+    const unsigned k_base = sm80::smem_u32(k_tile), q_base = sm80::smem_u32(q_tile);
+    const int a_row = key_row + lane % 8 + 8 * ((lane / 8) % 2);
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ks += 2) {
+      unsigned b[Cfg::FP8_MMA ? NT : 1][4];   // FP8_MMA: n tile nt's b0, b1 of k step ks, then ks + 1
+      if constexpr (Cfg::FP8_MMA) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+          sm80::ldsm_x4(b[nt], q_base + sm80::swz<Cfg::Q_CHUNKS>(col + nt * 8 + lane % 8, 2 * ks + lane / 8));
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        unsigned a[MT][4];   // rows 0-7 / 8-15 of bytes 32 k .. +15, then of +16 .. +31
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+          sm80::ldsm_x4(a[mt], k_base + sm80::swz<Cfg::K_CHUNKS>(a_row + mt * 16, 2 * (ks + half) + lane / 16));
+        if constexpr (Cfg::FP8_MMA) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+              sm80::mma_e4m3(acc[B][mt][nt], a[mt], b[nt][2 * half], b[nt][2 * half + 1]);
+        } else {
+          score_f16<B>(a, q_tile, ks + half, lane);
         }
       }
     }
   }
 
-  // acc = S of the warp's keys of the tile in k_tile and its columns.
-  __device__ __forceinline__ void score(const unsigned char* k_tile, const unsigned char* q_tile, int lane) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
-    const unsigned k_base = sm80::smem_u32(k_tile);
-    const int a_row = key_row + lane % 8 + 8 * ((lane / 8) % 2);
-#pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks) {
-      unsigned a[MT][4];   // rows 0-7 / 8-15 of bytes 32 ks .. +15, then of +16 .. +31
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-        sm80::ldsm_x4(a[mt], k_base + sm80::swz<Cfg::K_CHUNKS>(a_row + mt * 16, 2 * ks + lane / 16));
-      if constexpr (Cfg::FP8_MMA) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) sm80::mma_e4m3(acc[mt][nt], a[mt], qf[nt][ks][0], qf[nt][ks][1]);
-      } else {
-        score_f16(a, q_tile, ks, lane);
-      }
-    }
-  }
-
   // One 32-byte k step on fp16 operands: two m16n8k16 steps (bytes 0-15, then 16-31).
+  template <int B>
   __device__ __forceinline__ void score_f16(const unsigned (&a)[MT][4], const unsigned char* q_tile, int ks,
                                             int lane) {
     unsigned b[NT][4];   // n tile nt: b0, b1 of step 0, then of step 1
@@ -145,7 +155,7 @@ struct WarpTile {
         sm80::e4m3x4_to_f16x4_scaled(a[mt][2 * step + 1], f[1], f[3]);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
-          sm80::Mma<cutlass::half_t>::run(acc[mt][nt], f, b[nt][2 * step], b[nt][2 * step + 1]);
+          sm80::Mma<cutlass::half_t>::run(acc[B][mt][nt], f, b[nt][2 * step], b[nt][2 * step + 1]);
       }
     }
   }
@@ -155,13 +165,11 @@ struct WarpTile {
     __device__ __forceinline__ float operator()(int i) const { return a[i / 4][i % 4]; }
   };
 
-  // The head sums of m tile mt (scales of its rows from the stage): HeadSum's out values.
-  __device__ __forceinline__ void head_sum(int mt, const float* stage_scale, const float (&w)[Cfg::Sum::kWeights],
+  // The head sums of m tile mt of acc[B]: HeadSum's out values.
+  template <int B>
+  __device__ __forceinline__ void head_sum(int mt, const float (&w)[Cfg::Sum::kWeights],
                                            float (&out)[Cfg::Sum::kOut], int lane) const {
-    constexpr float kUnscale = Cfg::FP8_MMA ? 1.f : 65536.f;   // the fp16 operands' 2^-8 each
-    const int row = key_row + mt * 16 + lane / 4;
-    const float scale[2] = {stage_scale[row] * kUnscale, stage_scale[row + 8] * kUnscale};
-    Cfg::Sum::run(AccView{acc[mt]}, w, scale, out, lane);
+    Cfg::Sum::run(AccView{acc[B][mt]}, w, scale[B][mt], out, lane);
   }
 
   // Key row (in the tile) of the lane's out values of m tile mt.
@@ -173,6 +181,56 @@ struct WarpTile {
     return col / Cfg::H + Cfg::Sum::out_token(m, lane);
   }
 };
+
+// The n tiles of a unit (or batch entry) through the NUM_STAGES ring, after its Q group and the
+// first NUM_STAGES - 1 tile groups were committed (load(j, stage) issues tile j's copies). Tile
+// i + 1's MMAs are issued before tile i's epilogue (finish(i, AccBuf<i % 2>)). One group is
+// committed a tile, so cp_async_wait<NS - 2> always means "the next tile landed".
+template <typename Cfg, typename Load, typename Finish>
+__device__ __forceinline__ void run_tiles(typename Cfg::SharedStorage& ss, WarpTile<Cfg>& tile, int n, Load&& load,
+                                          Finish&& finish, int lane) {
+  constexpr int NS = Cfg::NUM_STAGES;
+  // Tile i landed for all, and every warp is done reading tile i - 1 (its stage is refilled here).
+  auto advance = [&](int i) {
+    sm80::cp_async_wait<NS - 2>();
+    __syncthreads();
+    if (i + NS - 1 < n) load(i + NS - 1, (i + NS - 1) % NS);
+    sm80::cp_async_commit();
+  };
+  auto score = [&](int i, auto buf) {
+    tile.template score<decltype(buf)::value>(ss.k[i % NS], ss.scale[i % NS], ss.q, lane);
+  };
+  if (n <= 0) return;
+  if constexpr (!Cfg::kPipelined) {
+#pragma unroll 1
+    for (int i = 0; i < n; ++i) {
+      advance(i);
+      score(i, AccBuf<0>{});
+      finish(i, AccBuf<0>{});
+    }
+    return;
+  }
+  advance(0);
+  score(0, AccBuf<0>{});
+  int i = 0;
+#pragma unroll 1
+  for (; i + 2 < n; i += 2) {
+    advance(i + 1);
+    score(i + 1, AccBuf<1>{});
+    finish(i, AccBuf<0>{});
+    advance(i + 2);
+    score(i + 2, AccBuf<0>{});
+    finish(i + 1, AccBuf<1>{});
+  }
+  if (i + 1 < n) {
+    advance(i + 1);
+    score(i + 1, AccBuf<1>{});
+    finish(i, AccBuf<0>{});
+    finish(i + 1, AccBuf<1>{});
+  } else {
+    finish(i, AccBuf<0>{});
+  }
+}
 
 // Q rows [0, rows) of the CTA's tile from global (row r at src + r * D bytes; rows past `valid` are
 // zeros) into the Q tile: FP8_MMA by cp.async (the caller commits), else converted to fp16 here.

@@ -24,17 +24,14 @@ constexpr int paged_warp_tokens(int next_n, int h) {
 }
 
 // Token groups of the paged kernel, and keys a warp: 16 (4 key groups) up to 2 token groups, else 32
-// (at most 8 warps: registers for the accumulators), but for FP8 mma at D 128, whose Q fragments
-// (64 registers) fit beside 16 keys' accumulators only.
+// (at most 8 warps: registers for the accumulators).
 constexpr int paged_token_groups(int next_n, int h) { return next_n / paged_warp_tokens(next_n, h); }
-constexpr int paged_warp_keys(int next_n, int h, int d, bool fp8_mma) {
-  return paged_token_groups(next_n, h) <= 2 || (fp8_mma && d == 128) ? 16 : 32;
-}
+constexpr int paged_warp_keys(int next_n, int h) { return paged_token_groups(next_n, h) <= 2 ? 16 : 32; }
 
 template <int H_, int D_, int NEXT_N_, int PAGE_, int NUM_STAGES_, bool FP8_MMA_>
 struct PagedSm80Config
     : Sm80TileConfig<H_, D_, paged_warp_tokens(NEXT_N_, H_) * H_, paged_token_groups(NEXT_N_, H_),
-                     paged_warp_keys(NEXT_N_, H_, D_, FP8_MMA_), NUM_STAGES_, FP8_MMA_> {
+                     paged_warp_keys(NEXT_N_, H_), NUM_STAGES_, FP8_MMA_> {
   static constexpr int NEXT_N = NEXT_N_, PAGE = PAGE_;
   static_assert(PAGE == 32 || PAGE == 64 || PAGE == 128, "page: 32, 64 or 128 keys");
   static_assert(NUM_STAGES_ >= 2, "stages");
@@ -121,32 +118,23 @@ __device__ __forceinline__ void paged_sm80_segment(typename Cfg::SharedStorage& 
     row[m] = stored ? bi * Cfg::NEXT_N + j : -1;
     limit[m] = stored ? paged_row_limit(p.context_lens, bi, j, Cfg::NEXT_N, p.lens_2d) : 0;
   }
-  sm80::cp_async_wait<NS - 1>();   // the Q tile
-  __syncthreads();
-  tile.load_q(ss.q, lane);
-#pragma unroll 1
-  for (int i = 0; i < n; ++i) {
-    sm80::cp_async_wait<NS - 2>();
-    __syncthreads();   // tile i landed for all; every warp is done with tile i - 1's stage
-    const int next = i + NS - 1;
-    if (next < n) {
-      load_page_tile<Cfg>(ss, next % NS, pp, pages, t_first + next, tid);
-      pages.read(p, table, t_first + next + 1, t_last);
-    }
-    sm80::cp_async_commit();
-    const int s = i % NS;
-    tile.score(ss.k[s], ss.q, lane);
+  auto load = [&](int j, int stage) {
+    load_page_tile<Cfg>(ss, stage, pp, pages, t_first + j, tid);
+    pages.read(p, table, t_first + j + 1, t_last);
+  };
+  auto finish = [&](int i, auto buf) {
 #pragma unroll
     for (int mt = 0; mt < Cfg::MT; ++mt) {
       float out[Sum::kOut];
-      tile.head_sum(mt, ss.scale[s], w, out, lane);
+      tile.template head_sum<decltype(buf)::value>(mt, w, out, lane);
       const int key = (t_first + i) * kTileKeys + tile.out_row(mt, lane);
 #pragma unroll
       for (int m = 0; m < Sum::kOut; ++m) {
         if (row[m] >= 0 && key < p.stride) p.logits[row[m] * p.stride + key] = key < limit[m] ? out[m] : kNegInf;
       }
     }
-  }
+  };
+  run_tiles<Cfg>(ss, tile, n, load, finish, lane);
 }
 
 }  // namespace detail
