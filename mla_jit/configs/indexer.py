@@ -94,8 +94,8 @@ class LogitsSm80Config:
     head_dim: int
     num_stages: int
     fp8_mma: bool
-    warp_keys: int = 16      # 16: two accumulators fit (mma_sm80.cuh's kPipelined)
-    token_groups: int = 2
+    warp_keys: int = 32      # 16: two accumulators fit (mma_sm80.cuh's kPipelined)
+    token_groups: int = 4
 
     def __post_init__(self):
         check_fields(self, heads=INDEXER_HEADS, head_dim=INDEXER_HEAD_DIMS, num_stages=range(2, 17),
@@ -145,10 +145,9 @@ class PagedSm80Config:
 def logits_sm80_config(heads: int, head_dim: int, arch: Arch) -> LogitsSm80Config:
     # The deepest ring that fits the arch's shared memory beside the Q tile (tiles in flight).
     for stages in (6, 4, 3, 2):
-        if arch.name == "sm_89":   # two accumulators (16 keys a warp): tile i + 1's MMAs overlap tile i's epilogue
-            cfg = LogitsSm80Config(heads, head_dim, stages, True)
-        else:   # 32 keys x 64 columns a warp, one accumulator: 1.15-1.19x the pipelined 16-key form here
-            cfg = LogitsSm80Config(heads, head_dim, stages, False, warp_keys=32, token_groups=4)
+        # 32 keys x 64 columns a warp, one accumulator: on the H200 (forced) 1.15-1.19x (sm_80) and
+        # 1.04-1.24x (sm_89) the 16-key warps with two accumulators (bench/NOTES.md, session 16).
+        cfg = LogitsSm80Config(heads, head_dim, stages, arch.name == "sm_89", warp_keys=32, token_groups=4)
         if cfg.smem_bytes <= SM80_SMEM_LIMITS[arch.name]:
             return cfg
     raise AssertionError("no mma.sync indexer config fits")   # (2 stages fit every shape)
