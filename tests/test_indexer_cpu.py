@@ -118,9 +118,9 @@ def test_sm80_configs_fit_each_arch():
 
 # The mma.sync kernels of each arch: the largest register users (H 64, next_n 4), both page splits.
 _SM80_BUILDS = [("sm_89", "logits", (64, 128)), ("sm_89", "logits", (8, 64)), ("sm_80", "logits", (64, 128)),
-                ("sm_86", "logits", (16, 128)), ("sm_89", "paged", (64, 128, 4, 32)), ("sm_89", "paged", (64, 64, 4, 64)),
-                ("sm_80", "paged", (64, 128, 4, 64)), ("sm_80", "paged", (8, 128, 1, 128)),
-                ("sm_86", "paged", (64, 128, 3, 64))]
+                ("sm_86", "logits", (16, 128)), ("sm_89", "paged", (64, 128, 4, 32)),
+                ("sm_89", "paged", (64, 64, 4, 64)), ("sm_80", "paged", (64, 128, 4, 64)),
+                ("sm_80", "paged", (8, 128, 1, 128)), ("sm_86", "paged", (64, 128, 3, 64))]
 
 
 @pytest.mark.slow

@@ -118,7 +118,8 @@ class LogitsSm80Config:
 @dataclass(frozen=True)
 class PagedSm80Config:
     """fp8_paged_mqa_logits on the mma.sync family: next_n x heads columns in token groups of at most
-    64, 4 key groups of 16 keys or 2 of 32 (paged_logits_sm80.cuh), 64-key tiles of page_size pages through num_stages cp.async stages."""
+    64, 4 key groups of 16 keys or 2 of 32 (paged_logits_sm80.cuh), 64-key tiles of page_size pages
+    through num_stages cp.async stages."""
     heads: int
     head_dim: int
     next_n: int
@@ -143,10 +144,10 @@ class PagedSm80Config:
 
 @functools.lru_cache(maxsize=None)
 def logits_sm80_config(heads: int, head_dim: int, arch: Arch) -> LogitsSm80Config:
-    # The deepest ring that fits the arch's shared memory beside the Q tile (tiles in flight).
+    # The deepest ring that fits the arch's shared memory beside the Q tile (tiles in flight). Warps of
+    # 32 keys x 64 columns, one accumulator: on the H200 (forced) 1.15-1.19x (sm_80) and 1.04-1.24x
+    # (sm_89) the 16-key warps with two accumulators (bench/NOTES.md, session 16).
     for stages in (6, 4, 3, 2):
-        # 32 keys x 64 columns a warp, one accumulator: on the H200 (forced) 1.15-1.19x (sm_80) and
-        # 1.04-1.24x (sm_89) the 16-key warps with two accumulators (bench/NOTES.md, session 16).
         cfg = LogitsSm80Config(heads, head_dim, stages, arch.name == "sm_89", warp_keys=32, token_groups=4)
         if cfg.smem_bytes <= SM80_SMEM_LIMITS[arch.name]:
             return cfg

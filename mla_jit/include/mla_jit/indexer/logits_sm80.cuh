@@ -2,9 +2,9 @@
 // per query row. The work units and the clean pass are the sm_90a kernel's (indexer/work.cuh):
 // a q block of UNIT_Q rows x a chunk of keys, round robin over persistent CTAs.
 //
-// A CTA of 8 warps (64 / KW key groups of KW keys x TG token groups of 64 columns;
-// indexer/mma_sm80.cuh) takes a unit: its Q tile (64 TG rows of (token, head)) into shared memory, then the unit's 64-key
-// tiles through a NUM_STAGES cp.async ring (one __syncthreads a tile: every warp reads every stage).
+// A CTA (64 / KW key groups of KW keys x TG token groups of 64 columns; indexer/mma_sm80.cuh) takes
+// a unit: its Q tile (64 TG rows of (token, head)) into shared memory, then the unit's 64-key tiles
+// through a NUM_STAGES cp.async ring (one __syncthreads a tile: every warp reads every stage).
 // Rows past m read zero Q and weights and are stored into the buffer's row padding (the op
 // allocates align(m, UNIT_Q) rows); keys past n read zero K and scale.
 #pragma once

@@ -86,7 +86,8 @@ template <typename Cfg>
 struct WarpTile {
   static constexpr int NT = Cfg::NT, MT = Cfg::MT, KSTEPS = Cfg::KSTEPS;
   float acc[Cfg::kPipelined ? 2 : 1][MT][NT][4];
-  float scale[Cfg::kPipelined ? 2 : 1][MT][2];   // k_scale of the lane's rows (read with the tile: its stage is refilled next)
+  // k_scale of the lane's rows, read with the tile (its stage is refilled before the epilogue).
+  float scale[Cfg::kPipelined ? 2 : 1][MT][2];
   int key_row, col;        // the warp's first key row in the tile, first column of the CTA's Q tile
 
   __device__ __forceinline__ void init(int warp) {
@@ -106,7 +107,9 @@ struct WarpTile {
       scale[B][mt][0] = k_scale[row] * kUnscale;
       scale[B][mt][1] = k_scale[row + 8] * kUnscale;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) acc[B][mt][nt][0] = acc[B][mt][nt][1] = acc[B][mt][nt][2] = acc[B][mt][nt][3] = 0.f;
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[B][mt][nt][e] = 0.f;
     }
     const unsigned k_base = sm80::smem_u32(k_tile), q_base = sm80::smem_u32(q_tile);
     const int a_row = key_row + lane % 8 + 8 * ((lane / 8) % 2);

@@ -3,8 +3,8 @@
 // its range of (batch entry, 64-key tile) from the schedule.
 //
 // The CTA's columns are the entry's NEXT_N x H (token, head) pairs, split into token groups of at
-// most 64 columns; 4 key groups of 16 keys, or 2 of 32 (paged_warp_keys). Per batch entry: its Q tile into shared memory, then its
-// tiles through a NUM_STAGES cp.async ring. Each thread loads its chunks of a tile from the page(s)
+// most 64 columns; 4 key groups of 16 keys, or 2 of 32 (paged_warp_keys). Per batch entry: its Q
+// tile into shared memory, then its tiles through a NUM_STAGES cp.async ring. Each thread loads its chunks of a tile from the page(s)
 // the block table names; the table is read one tile ahead of the loads, so its latency hides
 // behind a tile's work. Block ids outside [0, num_blocks) and pages past block_table's columns
 // load zeros.
