@@ -6,12 +6,16 @@ to [-1, 1]. Time: the whole call (metadata computed once and reused; split-KV + 
 events, L2 flushed before each of 20 iterations, median.
 Usage: python bench/bench_decode.py [--json PATH] [--rows N] [--schedule S] [--arch A]
                                     [--against S | --against-env NAME=VALUE | --against-package NAME]
+                                    [--spec-rows | --fp8]
 --against S times the sm90 schedule S too, interleaved call by call with the default one (A B A B),
 and prints the ratio: the way to compare two kernels (clocks drift between runs and machines).
 --against-env NAME=VALUE does the same for a kernel picked by an environment variable (e.g.
 MLA_JIT_SM90_DECODE_SCHEDULE=ws_unfused), the first variant keeping the variable as the process has it.
 --against-package NAME does the same for another copy of the package importable as NAME (e.g. the
 previous commit's mla_jit extracted as mla_jit_prev: scripts/gpu_run.sh PREV=<commit>), host times too.
+--fp8 times our bf16 decode and our FP8 decode (the same values quantized to e4m3 with per-tensor
+scales, flash_mla_with_kvcache_fp8) interleaved call by call, on the anchor rows and the s_q 1-16 rows
+of --spec-rows, with the ratio bf16 us / FP8 us; GB/s counts 1-byte q and cache (out is bf16).
 """
 from __future__ import annotations
 
@@ -46,6 +50,10 @@ ANCHOR_ROWS = [
     (128, 1, 32768, 64, 0, 1190.0),
 ]
 D, DV, H_KV, PAGE = 576, 512, 1, 64
+# Speculative decoding shapes (b, s_q, s_k, h_q, causal): s_q 1, 4, 8, 16 query tokens a sequence.
+SPEC_SHAPES = [(128, s_q, s_k, h_q, int(s_q > 1)) for h_q, s_k in itertools.product((16, 128), (1024, 4096))
+               for s_q in (1, 4, 8, 16)]
+E4M3_MAX = 448.0
 
 
 def make_inputs(b, s_q, s_k, h_q, seed=0):
@@ -59,6 +67,25 @@ def make_inputs(b, s_q, s_k, h_q, seed=0):
     for chunk in k_cache.split(4096):  # fill in chunks: no fp32 copy of the whole cache
         chunk.copy_((torch.randn(chunk.shape, device="cuda") * 0.1).clamp_(-1, 1))
     return q, k_cache, block_table, lens.cuda()
+
+
+def quantize_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x in e4m3 with a per-tensor scale, amax / 448, as an engine stores it; the float32 (1,)
+    descale), converted in chunks: no fp32 copy of a whole cache."""
+    descale = (torch.stack([chunk.abs().amax() for chunk in x.split(4096)]).max().float() / E4M3_MAX).reshape(1)
+    x8 = torch.empty_like(x, dtype=torch.float8_e4m3fn)
+    for src, dst in zip(x.split(4096), x8.split(4096)):
+        dst.copy_(src.float() / descale)
+    return x8, descale
+
+
+def flop_and_bytes(b: int, s_q: int, h_q: int, lens: torch.Tensor, elem_bytes: int = 2) -> tuple[float, float]:
+    """FlashMLA's formulas (mean = mean of cache_seqlens): q and cache of `elem_bytes`-byte
+    elements, out bf16 (2 bytes) whatever they are."""
+    mean = lens.float().mean().item()
+    flop = b * h_q * s_q * (2 * D * mean + 2 * mean * DV)
+    nbytes = b * (s_q * h_q * D * elem_bytes + mean * H_KV * D * elem_bytes + s_q * h_q * DV * 2)
+    return flop, nbytes
 
 
 def _env_setter(values: dict[str, str | None]):
@@ -105,35 +132,64 @@ def spec_rows(flush: torch.Tensor, json_path: str | None) -> None:
     token against s_q = 1 and 4 on the same shape (it should fall as s_q grows)."""
     rows = []
     print(f"{'b':>4s} {'h_q':>4s} {'s_k':>5s} {'s_q':>3s} {'us':>8s} {'us/token':>8s} {'TFLOPS':>7s} {'GB/s':>6s}")
-    for h_q, s_k in itertools.product((16, 128), (1024, 4096)):
-        for s_q in (1, 4, 8, 16):
-            b = 128
-            q, k_cache, block_table, lens = make_inputs(b, s_q, s_k, h_q)
-            metadata, num_splits = mla_jit.get_mla_metadata(lens, s_q * h_q // H_KV, H_KV)
-            call = functools.partial(mla_jit.flash_mla_with_kvcache, q, k_cache, block_table, lens, DV, metadata,
-                                     num_splits, causal=s_q > 1)
-            (us,) = time_interleaved([(lambda: None, call)], flush)
-            mean = lens.float().mean().item()
-            flop = b * h_q * s_q * (2 * D * mean + 2 * mean * DV)
-            nbytes = b * (s_q * h_q * D * 2 + mean * H_KV * D * 2 + s_q * h_q * DV * 2)
-            rows.append({"b": b, "h_q": h_q, "s_k": s_k, "s_q": s_q, "us": us, "us_per_token": us / s_q,
-                         "tflops": flop / us / 1e6, "gbps": nbytes / us / 1e3})
-            print(f"{b:4d} {h_q:4d} {s_k:5d} {s_q:3d} {us:8.1f} {us / s_q:8.1f} {flop / us / 1e6:7.1f} "
-                  f"{nbytes / us / 1e3:6.0f}", flush=True)
-            del q, k_cache, block_table
-            torch.cuda.empty_cache()
+    for b, s_q, s_k, h_q, causal in SPEC_SHAPES:
+        q, k_cache, block_table, lens = make_inputs(b, s_q, s_k, h_q)
+        metadata, num_splits = mla_jit.get_mla_metadata(lens, s_q * h_q // H_KV, H_KV)
+        call = functools.partial(mla_jit.flash_mla_with_kvcache, q, k_cache, block_table, lens, DV, metadata,
+                                 num_splits, causal=bool(causal))
+        (us,) = time_interleaved([(lambda: None, call)], flush)
+        flop, nbytes = flop_and_bytes(b, s_q, h_q, lens)
+        rows.append({"b": b, "h_q": h_q, "s_k": s_k, "s_q": s_q, "us": us, "us_per_token": us / s_q,
+                     "tflops": flop / us / 1e6, "gbps": nbytes / us / 1e3})
+        print(f"{b:4d} {h_q:4d} {s_k:5d} {s_q:3d} {us:8.1f} {us / s_q:8.1f} {flop / us / 1e6:7.1f} "
+              f"{nbytes / us / 1e3:6.0f}", flush=True)
+        del q, k_cache, block_table
+        torch.cuda.empty_cache()
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "spec_rows": rows}, f, indent=1)
+
+
+def fp8_rows(flush: torch.Tensor, json_path: str | None, anchor_rows: int) -> None:
+    """Our bf16 decode and our FP8 decode on the same inputs (the FP8 ones quantized from the bf16
+    ones), interleaved call by call: the anchor rows, then SPEC_SHAPES."""
+    shapes = list(dict.fromkeys([row[:5] for row in ANCHOR_ROWS[:anchor_rows]] + SPEC_SHAPES))
+    rows = []
+    print(f"{'b':>4} {'sq':>2} {'sk':>6} {'hq':>4} {'c':>1} {'bf16 us':>8} {'fp8 us':>8} {'ratio':>6} "
+          f"{'TFLOPS':>7} {'GB/s':>6}")
+    for b, s_q, s_k, h_q, causal in shapes:
+        q, k_cache, block_table, lens = make_inputs(b, s_q, s_k, h_q)
+        (q8, descale_q), (k8, descale_k) = quantize_e4m3(q), quantize_e4m3(k_cache)
+        metadata, num_splits = mla_jit.get_mla_metadata(lens, s_q * h_q // H_KV, H_KV)
+        bf16 = functools.partial(mla_jit.flash_mla_with_kvcache, q, k_cache, block_table, lens, DV, metadata,
+                                 num_splits, causal=bool(causal))
+        fp8 = functools.partial(mla_jit.flash_mla_with_kvcache_fp8, q8, k8, block_table, lens, DV, metadata,
+                                num_splits, causal=bool(causal), descale_q=descale_q, descale_k=descale_k)
+        bf16_us, fp8_us = time_interleaved([(lambda: None, bf16), (lambda: None, fp8)], flush)
+        flop, nbytes = flop_and_bytes(b, s_q, h_q, lens, elem_bytes=1)
+        rows.append({"b": b, "s_q": s_q, "s_k": s_k, "h_q": h_q, "causal": causal, "bf16_us": bf16_us,
+                     "us": fp8_us, "ratio": bf16_us / fp8_us, "tflops": flop / fp8_us / 1e6,
+                     "gbps": nbytes / fp8_us / 1e3})
+        print(f"{b:>4} {s_q:>2} {s_k:>6} {h_q:>4} {causal:>1} {bf16_us:8.1f} {fp8_us:8.1f} {bf16_us / fp8_us:6.3f} "
+              f"{flop / fp8_us / 1e6:7.0f} {nbytes / fp8_us / 1e3:6.0f}", flush=True)
+        del q, k_cache, q8, k8, block_table
+        torch.cuda.empty_cache()
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "fp8_rows": rows}, f, indent=1)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
     parser.add_argument("--rows", type=int, default=len(ANCHOR_ROWS), help="anchor rows to time (0: host times only)")
-    parser.add_argument("--spec-rows", action="store_true",
-                        help="only the speculative-decoding rows: b 128, h_q 16 / 128, s_k 1024 / 4096, s_q 1, 4, "
-                        "8, 16 (causal above 1), with the time per query token")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--spec-rows", action="store_true",
+                      help="only the speculative-decoding rows: b 128, h_q 16 / 128, s_k 1024 / 4096, s_q 1, 4, "
+                      "8, 16 (causal above 1), with the time per query token")
+    mode.add_argument("--fp8", action="store_true",
+                      help="only bf16 against FP8 (e4m3 q and cache) decode, interleaved: the anchor rows (--rows) "
+                      "and the --spec-rows shapes")
     parser.add_argument("--arch", help="kernel family tuning, e.g. sm_80 or sm_89 (sets MLA_JIT_ARCH); "
                         "default: the GPU's own")
     parser.add_argument("--schedule", choices=("ws", "ws_unfused"),
@@ -174,6 +230,9 @@ def main() -> None:
     if args.spec_rows:
         spec_rows(flush, args.json)
         return
+    if args.fp8:
+        fp8_rows(flush, args.json, args.rows)
+        return
     results = []
     for b, s_q, s_k, h_q, causal, anchor_us in ANCHOR_ROWS[:args.rows]:
         q, k_cache, block_table, lens = make_inputs(b, s_q, s_k, h_q)
@@ -186,9 +245,7 @@ def main() -> None:
         calls = [(setup, make_call(pkg, setup)) for setup, pkg in zip(variants, pkg_of)]
         us, *against = time_interleaved(calls, flush)
         variants[0]()
-        mean = lens.float().mean().item()
-        flop = b * h_q * s_q * (2 * D * mean + 2 * mean * DV)
-        nbytes = b * (s_q * h_q * D * 2 + mean * H_KV * D * 2 + s_q * h_q * DV * 2)
+        flop, nbytes = flop_and_bytes(b, s_q, h_q, lens)
         tflops, gbps = flop / us / 1e6, nbytes / us / 1e3
         roofline = max(tflops / MATMUL_TFLOPS, gbps / COPY_GBPS)
         results.append({"b": b, "s_q": s_q, "s_k": s_k, "h_q": h_q, "causal": causal, "us": us,

@@ -1,6 +1,6 @@
 """Run one warm decode call per case, for `ncu` to profile (see scripts/ncu_run.sh).
 
-Usage: python bench/profile_kernels.py B S_Q S_K H_Q [--arch sm_80] [--schedule ws]
+Usage: python bench/profile_kernels.py B S_Q S_K H_Q [--arch sm_80] [--schedule ws] [--fp8]
 The call is made 3 times: ncu's --launch-skip picks the last one (kernels warm, caches primed).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import torch
 
 import mla_jit
-from bench_decode import make_inputs
+from bench_decode import make_inputs, quantize_e4m3
 
 
 def main() -> None:
@@ -22,6 +22,7 @@ def main() -> None:
     parser.add_argument("h_q", type=int)
     parser.add_argument("--arch")
     parser.add_argument("--schedule")
+    parser.add_argument("--fp8", action="store_true", help="e4m3 q and cache (flash_mla_with_kvcache_fp8)")
     args = parser.parse_args()
     if args.arch:
         os.environ["MLA_JIT_ARCH"] = args.arch
@@ -29,8 +30,12 @@ def main() -> None:
         os.environ["MLA_JIT_SM90_DECODE_SCHEDULE"] = args.schedule
     q, k_cache, block_table, lens = make_inputs(args.b, args.s_q, args.s_k, args.h_q)
     metadata, num_splits = mla_jit.get_mla_metadata(lens, args.s_q * args.h_q, 1)
+    descales = {}
+    if args.fp8:
+        (q, descale_q), (k_cache, descale_k) = quantize_e4m3(q), quantize_e4m3(k_cache)
+        descales = {"descale_q": descale_q, "descale_k": descale_k}
     for _ in range(3):
-        mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, metadata, num_splits)
+        mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, metadata, num_splits, **descales)
     torch.cuda.synchronize()
 
 

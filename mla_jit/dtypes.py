@@ -10,6 +10,7 @@ _TABLE = {
     "bf16": ("bfloat16", "cutlass::bfloat16_t", "cutlass/numeric_types.h"),
     "fp16": ("float16", "cutlass::half_t", "cutlass/numeric_types.h"),
     "fp32": ("float32", "float", None),
+    "e4m3": ("float8_e4m3fn", "cutlass::float_e4m3_t", "cutlass/numeric_types.h"),
 }
 _BY_TORCH: dict = {}    # torch.dtype -> name, filled on first use
 _TORCH: dict = {}       # name -> torch.dtype

@@ -18,9 +18,11 @@ if [ -z "${SKIP_DECODE_PREWARM:-}" ]; then
 configs=()
 for schedule in ws ws_unfused; do
   for cluster in 1 2; do
-    for shape in bf16,576,64 bf16,576,16 bf16,576,256 fp16,576,64 bf16,512,64; do
-      IFS=, read -r dtype d page <<<"$shape"
-      configs+=(--config "mla_decode_sm90:dtype=$dtype,head_dim=$d,page_size=$page,head_dim_v=512,block_m=64,block_n=64,num_stages=3,schedule=$schedule,cluster_m=$cluster")
+    # dtype,d,page,stages: e4m3 (the FP8 tests' q and cache) runs 4 pipeline stages, bf16 / fp16 3.
+    for shape in bf16,576,64,3 bf16,576,16,3 bf16,576,256,3 fp16,576,64,3 bf16,512,64,3 \
+                 e4m3,576,64,4 e4m3,576,16,4 e4m3,576,256,4 e4m3,512,64,4; do
+      IFS=, read -r dtype d page stages <<<"$shape"
+      configs+=(--config "mla_decode_sm90:dtype=$dtype,head_dim=$d,page_size=$page,head_dim_v=512,block_m=64,block_n=64,num_stages=$stages,schedule=$schedule,cluster_m=$cluster")
     done
   done
 done
@@ -57,12 +59,14 @@ python3 -m mla_jit.cli prewarm --jobs 8 --op flash_attn_varlen_func --arch sm_80
   2>&1 | tail -n 1
 fi
 # The indexer: the presets' kernels (H 64/32/16/8, D 128, page 64, next_n 1-4) and the others the tests use.
+if [ -z "${SKIP_INDEXER_PREWARM:-}" ]; then
 configs=()
 for h in 8 16 32 64; do configs+=(--config "indexer_logits_sm90:heads=$h,head_dim=64"); done
 for page in 32 128; do configs+=(--config "indexer_paged_sm90:heads=64,head_dim=128,next_n=2,page_size=$page,num_stages=12"); done
 configs+=(--config "indexer_paged_sm90:heads=32,head_dim=64,next_n=1,page_size=64,num_stages=12")
 python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op fp8_mqa_logits --op fp8_paged_mqa_logits \
   --op get_paged_mqa_logits_metadata "${configs[@]}" 2>&1 | tail -n 2
+fi
 status=0
 if [ -z "${SKIP_MAIN_TESTS:-}" ]; then
   # A protocol bug in a kernel shows up as a hang, which no in-process timeout can interrupt.
@@ -93,6 +97,11 @@ if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
   for arch in ${BENCH_ARCHS:-}; do  # e.g. BENCH_ARCHS="sm_80 sm_89": the Ampere/Ada family on this GPU
     python3 bench/bench_decode.py --arch "$arch" --json "$OUT/bench_decode_$arch.json" 2>&1 | tail -n 26
   done
+fi
+if [ -f bench/bench_decode.py ] && [ -z "${SKIP_FP8_DECODE_BENCH:-}" ]; then
+  # FP8 decode (e4m3 q and cache) against our bf16 decode, interleaved call by call: the anchor rows
+  # and s_q 1-16 (bench_decode.py --fp8; summarized from fp8_decode.json).
+  python3 bench/bench_decode.py --fp8 --json "$OUT/fp8_decode.json" 2>&1 | tee "$OUT/fp8_decode.log" | tail -n 40
 fi
 if [ -z "${SKIP_PREFILL_BENCH:-}" ]; then
   python3 bench/bench_prefill.py ${BENCH_AGAINST_PACKAGE:+--against-package "$BENCH_AGAINST_PACKAGE"} \

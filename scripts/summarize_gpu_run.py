@@ -1,7 +1,7 @@
 """The short table scripts/gpu_run.sh prints last: test outcome, decode ratios, host times.
 
-Usage: python scripts/summarize_gpu_run.py OUT_DIR (reads pytest.log, bench_decode*.json and
-bench_prefill*.json there).
+Usage: python scripts/summarize_gpu_run.py OUT_DIR (reads pytest.log, bench_decode*.json,
+fp8_decode.json and bench_prefill*.json there).
 """
 from __future__ import annotations
 
@@ -38,7 +38,27 @@ def main(out: Path) -> None:
                   + (f"; its host per warm call: decode {host['against_decode_call_us']:.1f} us"
                      if "against_decode_call_us" in host else ""))
 
+    _fp8_summary(out)
     _prefill_summary(out)
+
+
+def _fp8_summary(out: Path) -> None:
+    """bench_decode.py --fp8: our bf16 and FP8 decode interleaved, per row."""
+    path = out / "fp8_decode.json"
+    if not path.exists():
+        return
+    report = json.loads(path.read_text())
+    rows = report["fp8_rows"]
+    if not rows:
+        return
+    print(f"FP8 decode ({report['gpu']}): b/s_q/s_k/h_q[c], bf16 us, FP8 us, bf16 / FP8, FP8 TFLOPS and GB/s "
+          "(1-byte q and cache)")
+    for r in rows:
+        shape = f"{r['b']}/{r['s_q']}/{r['s_k']}/{r['h_q']}{'c' if r['causal'] else ''}"
+        print(f"  {shape:18s} {r['bf16_us']:8.1f} {r['us']:8.1f} {r['ratio']:6.3f} {r['tflops']:6.0f} {r['gbps']:6.0f}")
+    ratios = [r["ratio"] for r in rows]
+    print(f"  bf16 / FP8: {min(ratios):.3f}-{max(ratios):.3f} over {len(rows)} rows, geomean {_geomean(ratios):.3f}")
+
 
 def _prefill_summary(out: Path) -> None:
     for path in sorted(out.glob("bench_prefill*.json")):

@@ -1,6 +1,7 @@
 """Inputs for decode tests and benchmarks, following FlashMLA's own test recipe."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from dataclasses import dataclass
@@ -63,3 +64,24 @@ def make_inputs(case: DecodeCase, seed: int = 0, poison: bool = True):
             block_table[i, used_blocks:] = torch.where(torch.arange(tail.numel()) % 2 == 0,
                                                        torch.full_like(tail, 2 ** 30), torch.full_like(tail, -7))
     return (q.to(case.dtype).to(dev), k_cache.to(case.dtype).to(dev), block_table.to(dev), lens.to(dev))
+
+
+E4M3_MAX = 448.0   # the largest finite float8_e4m3fn
+E4M3_NAN = 0x7F    # an e4m3 NaN's bits (torch.float8_e4m3fn has no infinities)
+
+
+def make_fp8_inputs(case: DecodeCase, seed: int = 0, q_gain: float = 10.0):
+    """q8, k8, block_table, cache_seqlens, descale_q, descale_k: make_inputs' data (NaN slots and
+    garbage table entries included) quantized to e4m3 as an engine does, with per-tensor scales
+    amax / 448 (the whole e4m3 range in use; descales far from 1, so a descale left out fails).
+    q is first multiplied by `q_gain`: with q and k ~ N(0, 0.1^2), logits of std ~1 rather than
+    ~0.1, a softmax with spread as in FlashMLA's own tests (a near-uniform one would hide a wrong S)."""
+    q, k_cache, block_table, lens = make_inputs(dataclasses.replace(case, dtype=torch.float32), seed)
+    q = q * q_gain
+    nan = torch.isnan(k_cache)
+    k_cache = k_cache.nan_to_num(0.0)
+    descale_q, descale_k = (x.abs().amax().reshape(1) / E4M3_MAX for x in (q, k_cache))
+    q8 = (q / descale_q).to(torch.float8_e4m3fn)
+    k8 = (k_cache / descale_k).to(torch.float8_e4m3fn)
+    k8.view(torch.uint8)[nan] = E4M3_NAN
+    return q8, k8, block_table, lens, descale_q, descale_k

@@ -55,6 +55,32 @@ def test_decode_config_rejects_values_no_kernel_serves(field, value, match):
         dataclasses.replace(good, **{field: value})
 
 
+def test_fp8_decode_config_takes_four_stages():
+    """e4m3 q and cache: the same tiles, 4 pipeline stages (half the bytes a stage); 4 stages for
+    bf16 / fp16 and 3 for e4m3 are no kernel's."""
+    import dataclasses
+
+    import torch
+
+    import mla_jit
+    from mla_jit.dtypes import cpp_type, name_of
+    cfg = decode_config("e4m3", 576, 512, 64, SM90.tuning, "ws_unfused", 2)
+    assert (cfg.dtype, cfg.block_m, cfg.block_n, cfg.num_stages, cfg.schedule, cfg.cluster_m) == \
+        ("e4m3", 64, 64, 4, "ws_unfused", 2)
+    assert decode_config("e4m3", 512, 512, 16, SM90.tuning).num_stages == 4
+    assert decode_config("bf16", 576, 512, 64, SM90.tuning).num_stages == 3
+    for good, stages in ((cfg, 3), (decode_config("bf16", 576, 512, 64, SM90.tuning), 4),
+                         (decode_config("fp16", 576, 512, 64, SM90.tuning), 4)):
+        with pytest.raises(mla_jit.InvalidArgumentError, match="num_stages"):
+            dataclasses.replace(good, num_stages=stages)
+    assert name_of(torch.float8_e4m3fn) == "e4m3" and cpp_type("e4m3") == "cutlass::float_e4m3_t"
+    # Its own kernel, apart from the bf16 one of the same shape.
+    family = registry.get("mla_decode_sm90")
+    source = family.source(cfg, SM90)
+    assert "cutlass::float_e4m3_t" in source.source
+    assert source.name != family.source(dataclasses.replace(cfg, dtype="bf16", num_stages=3), SM90).name
+
+
 def test_cluster_size_divides_the_row_tiles(monkeypatch):
     from mla_jit.configs.decode import cluster_m_for
     from mla_jit.errors import ConfigError
@@ -87,8 +113,9 @@ def test_prewarm_covers_every_preset():
     family = registry.get("mla_decode_sm90")
     cfgs = list(family.prewarm_configs(SM90.tuning, presets.resolve(["deepseek-v3", "deepseek-v2-lite"])))
     # The default "auto" schedule picks the fused or the unfused ws kernel per call: both warmed,
-    # each unclustered and in clusters of 2 (128 heads, or 64 at s_q = 2: two row tiles).
-    assert cfgs == [decode_config("bf16", 576, 512, 64, SM90.tuning, schedule, cluster_m)
+    # each unclustered and in clusters of 2 (128 heads, or 64 at s_q = 2: two row tiles), for a
+    # bf16 and an e4m3 cache.
+    assert cfgs == [decode_config(dtype, 576, 512, 64, SM90.tuning, schedule, cluster_m) for dtype in ("bf16", "e4m3")
                     for schedule in ("ws", "ws_unfused") for cluster_m in (1, 2)]
 
 
@@ -117,7 +144,21 @@ def test_params_struct_layout_matches_header():
     import mla_jit
     header = Path(mla_jit.__file__).parent / "include/mla_jit/decode/common.cuh"
     assert f"static_assert(sizeof(DecodeParams) == {DECODE_PARAMS.size}," in header.read_text()
-    assert DECODE_PARAMS.size == 160
+    assert DECODE_PARAMS.size == 176   # 160 + the FP8 kernels' descale pointers
+
+
+def _assert_compiles_clean(family_name: str, cfg) -> None:
+    """Built with ptxas's resource report: no stack, no spills, no serialized wgmma."""
+    family = registry.get(family_name)
+    binary = build(family.source(cfg, SM90))
+    for entry in family.entry_points(cfg):
+        report = binary.log.split(f"Function properties for {entry}")[1].splitlines()[1]
+        assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
+    # ptxas's wgmma advisories: C7517 (a warpgroup.wait it had to inject), C7515 / C7518 / C7520
+    # (every wgmma serialized: a non-wgmma definition of an accumulator in flight, a wait or an
+    # arrive it put in a divergent path). Any one costs a large part of the kernel's speed.
+    assert not any(code in binary.log for code in ("C7515", "C7517", "C7518", "C7520")), binary.log
+    assert b"mla_jit_decode_splitkv_smem_bytes" in binary.cubin or family_name == "mla_metadata"
 
 
 @pytest.mark.slow
@@ -128,16 +169,15 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
                              ("mla_decode_sm90", decode_config("bf16", 512, 512, 16, SM90.tuning)),
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused")),
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 16, SM90.tuning, "ws_unfused", 2))):
-        family = registry.get(family_name)
-        binary = build(family.source(cfg, SM90))
-        for entry in family.entry_points(cfg):
-            report = binary.log.split(f"Function properties for {entry}")[1].splitlines()[1]
-            assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
-        # ptxas's wgmma advisories: C7517 (a warpgroup.wait it had to inject), C7515 / C7518 / C7520
-        # (every wgmma serialized: a non-wgmma definition of an accumulator in flight, a wait or an
-        # arrive it put in a divergent path). Any one costs a large part of the kernel's speed.
-        assert not any(code in binary.log for code in ("C7515", "C7517", "C7518", "C7520")), binary.log
-        assert b"mla_jit_decode_splitkv_smem_bytes" in binary.cubin or family_name == "mla_metadata"
+        _assert_compiles_clean(family_name, cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d,page,schedule,cluster_m", [(576, 64, "ws", 1), (512, 16, "ws_unfused", 2),
+                                                       (576, 256, "ws_unfused", 1)])
+def test_fp8_decode_kernels_compile_without_spills(d, page, schedule, cluster_m, cache_root, monkeypatch):
+    monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
+    _assert_compiles_clean("mla_decode_sm90", decode_config("e4m3", d, 512, page, SM90.tuning, schedule, cluster_m))
 
 
 @pytest.mark.slow
@@ -304,25 +344,47 @@ def test_decode_launch_geometry(tuning, override, rows, expect, monkeypatch):
         assert box == want_box
 
 
+def _stub_decode_families(monkeypatch, tuning: str) -> list:
+    """DecodePlan without a GPU on a GPU detected as `tuning`: kernels neither built nor loaded; the
+    returned list collects each launcher's (args, kwargs), and each launch's (stream, *args) lands in
+    its launcher's `.launches`."""
+    from mla_jit.jit.arch import ArchPair, parse_arch
+    from mla_jit.runtimes import decode_plan as runtime
+    arch = ArchPair(parse_arch(tuning), parse_arch(tuning))
+    monkeypatch.setattr(runtime, "resolve_for_device", lambda device: arch)
+    for var in ("MLA_JIT_ARCH", "MLA_JIT_SM90_CLUSTER", "MLA_JIT_SM90_DECODE_SCHEDULE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(runtime, "read_global_int32", lambda binary, symbol, device: 1234)
+    for memo in ("_smem_bytes", "_unit_descales", "_descriptors"):
+        monkeypatch.setattr(runtime, memo, {})
+    calls = []
+
+    class Launch:
+        def __init__(self, *args, **kwargs):
+            self.launches = []
+            calls.append((args, kwargs))
+
+        def __call__(self, *args):
+            self.launches.append(args)
+
+    for name in ("mla_decode_sm90", "mla_decode_sm80"):
+        family = registry.get(name)
+        monkeypatch.setattr(family, "binary", lambda cfg, arch: None)
+        monkeypatch.setattr(family, "launcher", Launch)
+        monkeypatch.setattr(family, "kernel", lambda *a: None)
+    return calls
+
+
 def test_detected_ampere_or_ada_gets_the_sm80_family_without_override(monkeypatch):
     import torch
 
-    from mla_jit.jit.arch import ArchPair, parse_arch
     from mla_jit.runtimes import decode_plan as runtime
-    monkeypatch.setattr(runtime, "resolve_for_device", lambda device: ArchPair(parse_arch("sm_89"), parse_arch("sm_89")))
-    monkeypatch.delenv("MLA_JIT_ARCH", raising=False)
-    monkeypatch.setattr(runtime, "read_global_int32", lambda binary, symbol, device: 1234)
-    monkeypatch.setattr(runtime, "_smem_bytes", {})
-    family = registry.get("mla_decode_sm80")
-    monkeypatch.setattr(family, "binary", lambda cfg, arch: None)
-    calls = []
-    monkeypatch.setattr(family, "launcher", lambda *a, **k: calls.append((a, k)) or len(calls))
+    calls = _stub_decode_families(monkeypatch, "sm_89")
     q = torch.zeros(1, 1, 16, 576, dtype=torch.bfloat16)
     k_cache = torch.zeros(1, 64, 1, 576, dtype=torch.bfloat16)
     block_table = torch.zeros(1, 64, dtype=torch.int32)
     plan = runtime.DecodePlan(q, k_cache, block_table, 512, 1)
-    box = plan.box
-    assert box is None and calls[0][0][2] == family.SPLITKV
+    assert plan.box is None and calls[0][0][2] == registry.get("mla_decode_sm80").SPLITKV
     assert calls[1][1]["pdl"] is False  # no programmatic dependent launch below sm_90
 
 
@@ -349,4 +411,61 @@ def test_kv_descriptor_promotes_l2_fills_to_one_box_row(monkeypatch):
     k_cache = torch.zeros(3, 64, 1, 576, dtype=torch.bfloat16)
     runtime.kv_descriptor(k_cache, ("test", k_cache.data_ptr()), (64, 1, 64))
     assert seen == [((3 * 64, 1, 576), (64, 1, 64), 128, 128)]
+    # e4m3: the same box, whose 64 columns are 64 bytes: 64-byte swizzle and fills.
+    fp8_cache = torch.zeros(3, 16, 1, 512, dtype=torch.float8_e4m3fn)
+    runtime.kv_descriptor(fp8_cache, ("test", fp8_cache.data_ptr(), fp8_cache.dtype), (16, 1, 64))
+    assert seen[1:] == [((3 * 16, 1, 512), (16, 1, 64), 64, 64)]
     assert tma.TmaSpec(torch.bfloat16, (64, 64), (64,), (64, 8)).l2_promotion == 128
+
+
+def _fp8_decode_inputs(b=1, h_q=16, page=64, d=576):
+    import torch
+    q = torch.zeros(b, 1, h_q, d, dtype=torch.float8_e4m3fn)
+    k_cache = torch.zeros(4, page, 1, d, dtype=torch.float8_e4m3fn)
+    return q, k_cache, torch.zeros(b, 4, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("tuning", ["sm_80", "sm_86", "sm_89"])
+def test_fp8_cache_below_hopper_is_not_available_before_any_kernel(tuning, monkeypatch):
+    import mla_jit
+    from mla_jit.runtimes import decode_plan as runtime
+    calls = _stub_decode_families(monkeypatch, tuning)
+    with pytest.raises(mla_jit.FeatureNotAvailableError, match="sm_80/sm_86/sm_89") as info:
+        runtime.DecodePlan(*_fp8_decode_inputs(), 512, 1)
+    assert info.value.argument == "k_cache" and calls == [] and runtime._unit_descales == {}
+
+
+def test_fp8_plan_packs_the_descale_pointers(monkeypatch):
+    """An e4m3 plan on Hopper: the 4-stage e4m3 kernel, bf16 out, and the descales' pointers last in
+    DecodeParams (None: a 1.0 kept per device, made once); a bf16 plan passes null pointers."""
+    import torch
+
+    from mla_jit.jit import tma
+    from mla_jit.runtimes import decode_plan as runtime, workspace
+    calls = _stub_decode_families(monkeypatch, "sm_90a")
+    monkeypatch.setattr(runtime, "current_stream", lambda device: 7)
+    monkeypatch.setattr(workspace, "_capturing", lambda: False)
+    monkeypatch.setattr(workspace, "_buffers", {})
+    monkeypatch.setattr(workspace, "_counters", {})
+    monkeypatch.setattr(tma, "tiled", lambda tensor, box, swizzle=0, l2_promotion=None: (box, swizzle))
+    q, k_cache, block_table = _fp8_decode_inputs()
+    lens, splits, meta = torch.full((1,), 100, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), \
+        torch.zeros(1, 8, dtype=torch.int32)
+    plan = runtime.DecodePlan(q, k_cache, block_table, 512, 1)
+    cfg = calls[0][0][0]
+    assert (cfg.dtype, cfg.num_stages, plan.box, plan.out_dtype) == ("e4m3", 4, (64, 1, 64), torch.bfloat16)
+    assert runtime.DecodePlan(q, k_cache, block_table, 512, 1).unit_descale is plan.unit_descale  # one per device
+    assert plan.unit_descale.tolist() == [1.0] and plan.unit_descale.dtype == torch.float32
+    descale_q, descale_k = torch.tensor([0.5]), torch.tensor([0.25])
+    for given, want in (((None, None), (plan.unit_ptr,) * 2),
+                        ((descale_q, descale_k), (descale_q.data_ptr(), descale_k.data_ptr())),
+                        ((None, descale_k), (plan.unit_ptr, descale_k.data_ptr()))):
+        out, lse = plan.run(q, q.data_ptr(), k_cache, k_cache.data_ptr(), block_table, lens, meta, splits, 0.1,
+                            False, *given)
+        stream, params, kv = plan.splitkv.launches[-1]
+        assert DECODE_PARAMS.unpack(params)[-2:] == want and kv == ((64, 1, 64), 64)
+        assert out.dtype == torch.bfloat16 and out.shape == (1, 1, 16, 512) and lse.dtype == torch.float32
+    bf16 = runtime.DecodePlan(q.bfloat16(), k_cache.bfloat16(), block_table, 512, 1)
+    assert bf16.unit_descale is None and bf16.out_dtype == torch.bfloat16
+    bf16.run(q.bfloat16(), 0, k_cache.bfloat16(), 0, block_table, lens, meta, splits, 0.1, False)
+    assert DECODE_PARAMS.unpack(bf16.splitkv.launches[-1][1])[-2:] == (0, 0)

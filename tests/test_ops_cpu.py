@@ -24,8 +24,11 @@ def test_every_public_op_is_a_torch_op_with_a_fake_implementation():
     from torch._library.simple_registry import singleton
     errors = {name for name in mla_jit.__all__ if name.endswith("Error")}
     utilities = {"release_workspaces", "FlashMLASchedMeta"}
-    # Every public name is an error, a utility or a torch op: a new public op must be registered.
-    assert set(mla_jit.__all__) == errors | utilities | set(mla_jit.TORCH_OPS)
+    # Every public name is an error, a utility or a torch op (itself, or another op's under a peer's
+    # name): a new public op must be registered.
+    aliases = mla_jit.TORCH_OP_ALIASES
+    assert set(mla_jit.__all__) == errors | utilities | set(mla_jit.TORCH_OPS) | set(aliases)
+    assert set(aliases.values()) <= set(mla_jit.TORCH_OPS) and not set(aliases) & set(mla_jit.TORCH_OPS)
     for name in mla_jit.TORCH_OPS:
         getattr(mla_jit, name)  # loads the op module, which registers its ops
         assert name in library.defined(), name
@@ -98,6 +101,18 @@ COMPILE_ON_META = textwrap.dedent("""
     assert sched.config.b == 4 and sched.config.page_block_size == 64
     out, lse = compiled(q, k_cache, block_table, lens, sched)   # the filled schedule: reused
     assert out.shape == (4, 2, 16, 512) and lse.dtype == torch.float32
+    # vLLM's FP8 form: e4m3 q and cache, descales as tensors or None; bf16 out.
+    def layer_fp8(q, k_cache, block_table, lens, meta, splits, descale):
+        out, lse = mla_jit.flash_mla_with_kvcache_fp8(q, k_cache, block_table, lens, 512, meta, splits, None, True,
+                                                      descale, descale)
+        none_out, _ = mla_jit.flash_mla_with_kvcache_fp8(q, k_cache, block_table, lens, 512, meta, splits)
+        return out, lse, none_out
+    meta = torch.empty(66, 8, dtype=torch.int32, device="meta")
+    splits = torch.empty(5, dtype=torch.int32, device="meta")
+    q8, k8 = q.to(torch.float8_e4m3fn), k_cache.to(torch.float8_e4m3fn)
+    out, lse, none_out = torch.compile(layer_fp8, fullgraph=True, backend="aot_eager")(
+        q8, k8, block_table, lens, meta, splits, torch.empty(1, device="meta"))
+    assert out.dtype == none_out.dtype == torch.bfloat16 and out.shape == (4, 2, 16, 512), (out.dtype, out.shape)
     assert dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
     print("OK")
 """)
@@ -123,12 +138,16 @@ class _FakeDecodePlan:
         self.default_scale = q.shape[-1] ** -0.5
         self.shapes = ((*q.shape[:3], head_dim_v), (q.shape[0], q.shape[2], q.shape[1]))
         self.calls = []
+        self.descales = []
         _FakeDecodePlan.built.append(self)
 
-    def run(self, q, q_ptr, k_cache, k_ptr, block_table, cache_seqlens, metadata, num_splits, scale, causal):
+    def run(self, q, q_ptr, k_cache, k_ptr, block_table, cache_seqlens, metadata, num_splits, scale, causal,
+            descale_q=None, descale_k=None):
         assert (q_ptr, k_ptr) == (q.data_ptr(), k_cache.data_ptr())
         self.calls.append((q.data_ptr(), metadata.data_ptr(), scale, causal))
-        return q.new_zeros(self.shapes[0]), q.new_zeros(self.shapes[1], dtype=torch.float32)
+        self.descales.append((descale_q, descale_k))
+        return (q.new_zeros(self.shapes[0], dtype=runtime.out_dtype(q.dtype)),
+                q.new_zeros(self.shapes[1], dtype=torch.float32))
 
 
 class _FakeMetadataPlan:
@@ -155,9 +174,9 @@ def stub_gpu(monkeypatch):
     _FakeMetadataPlan.runs = 0
 
 
-def _inputs(b=2, s_q=1, h_q=16, h_kv=1, page=64, d=576):
-    q = torch.randn(b, s_q, h_q, d).to(torch.bfloat16)
-    k_cache = torch.randn(8, page, h_kv, d).to(torch.bfloat16)
+def _inputs(b=2, s_q=1, h_q=16, h_kv=1, page=64, d=576, dtype=torch.bfloat16):
+    q = torch.randn(b, s_q, h_q, d).to(dtype)
+    k_cache = torch.randn(8, page, h_kv, d).to(dtype)
     block_table = torch.arange(b * 4, dtype=torch.int32).view(b, 4) % 8
     lens = torch.full((b,), 100, dtype=torch.int32)
     return q, k_cache, block_table, lens
@@ -236,6 +255,98 @@ def test_sparse_and_fp8_arguments_say_the_feature_is_not_available_yet(stub_gpu,
         mla_jit.get_mla_metadata(lens, 16, 1, is_fp8_kvcache=True)
     with pytest.raises(mla_jit.FeatureNotAvailableError, match="topk"):
         mla_jit.get_mla_metadata(lens, 16, 1, 16, False, 2048)
+
+
+FP8 = torch.float8_e4m3fn
+
+
+def test_fp8_calls_pass_their_descales_and_return_bf16(stub_gpu):
+    """vLLM's flash_mla_with_kvcache_fp8 and SGLang's flash_mla_with_kvcache(descale_q=, descale_k=)
+    share one plan per signature; the descale tensors (their pointers) are passed on every call.
+    Given or None (1.0) is part of the signature."""
+    q, k_cache, block_table, lens = _inputs(dtype=FP8)
+    meta, splits = mla_jit.get_mla_metadata(lens, 16, 1)
+    dq, dk, dq2, dk2 = torch.tensor([0.5]), torch.tensor([0.25]), torch.tensor([2.0]), torch.tensor([4.0])
+    out, lse = mla_jit.flash_mla_with_kvcache_fp8(q, k_cache, block_table, lens, 512, meta, splits, None, True, dq, dk)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 1, 16, 512) and lse.dtype == torch.float32
+    mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, meta, splits, causal=True, descale_q=dq2,
+                                   descale_k=dk2)
+    torch.ops.mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, meta, splits, None, True, dq, dk)
+    (plan,) = _FakeDecodePlan.built
+    assert [(a is x, b is y) for (a, b), (x, y) in zip(plan.descales, ((dq, dk), (dq2, dk2), (dq, dk)))] == \
+        [(True, True)] * 3
+    assert [call[3] for call in plan.calls] == [True] * 3
+    mla_jit.flash_mla_with_kvcache_fp8(q, k_cache, block_table, lens, 512, meta, splits)
+    mla_jit.flash_mla_with_kvcache_fp8(q, k_cache, block_table, lens, 512, meta, splits, descale_k=dk)
+    assert len(_FakeDecodePlan.built) == 3
+    assert _FakeDecodePlan.built[1].descales == [(None, None)] and _FakeDecodePlan.built[2].descales == [(None, dk)]
+    # FlashMLA's current schedule form; an empty batch (no plan) returns bf16 too.
+    sched, _ = mla_jit.get_mla_metadata()
+    out, _ = mla_jit.flash_mla_with_kvcache_fp8(q, k_cache, block_table, lens, 512, sched, None, descale_q=dq,
+                                                descale_k=dk)
+    assert sched.have_initialized and out.dtype == torch.bfloat16 and len(_FakeDecodePlan.built) == 3
+    q0, k0, bt0, lens0 = _inputs(b=0, dtype=FP8)
+    meta0, splits0 = mla_jit.get_mla_metadata(lens0, 16, 1)
+    out0, lse0 = mla_jit.flash_mla_with_kvcache_fp8(q0, k0, bt0, lens0, 512, meta0, splits0, descale_q=dq)
+    assert out0.shape == (0, 1, 16, 512) and out0.dtype == torch.bfloat16 and lse0.shape == (0, 16, 1)
+
+
+def test_fp8_bad_arguments_raise_typed_errors_naming_them(stub_gpu):
+    q, k_cache, block_table, lens = _inputs(dtype=FP8)
+    bf16_q, bf16_cache = _inputs()[:2]
+    meta, splits = mla_jit.get_mla_metadata(lens, 16, 1)
+    one = torch.ones(1)
+    good = dict(q=q, k_cache=k_cache, block_table=block_table, cache_seqlens=lens, head_dim_v=512,
+                tile_scheduler_metadata=meta, num_splits=splits, descale_q=one, descale_k=one)
+    mla_jit.flash_mla_with_kvcache(**good)  # warm: the bad calls below must not ride its plan
+    bad = [(dict(k_cache=bf16_cache), "k_cache", "float8_e4m3fn"),   # FP8 q, bf16 cache
+           (dict(descale_q=one.double()), "descale_q", "float32"), (dict(descale_k=one.half()), "descale_k", "float32"),
+           (dict(descale_q=torch.ones(2)), "descale_q", "shape"),
+           (dict(descale_k=torch.ones(1, 1)), "descale_k", "dims"),
+           (dict(descale_k=1.0), "descale_k", "Tensor"),
+           (dict(q=bf16_q, k_cache=bf16_cache), "descale_q", "FP8"),              # descales with a bf16 cache
+           (dict(q=bf16_q, k_cache=bf16_cache, descale_q=None), "descale_k", "FP8"),
+           # Strides of 8 elements are 16 bytes of bf16 but 8 of e4m3.
+           (dict(q=torch.zeros(2, 1, 16, 584, dtype=FP8)[..., :576]), "q", "16 bytes")]
+    for change, name, match in bad:
+        with pytest.raises(mla_jit.InvalidArgumentError, match=match) as info:
+            mla_jit.flash_mla_with_kvcache(**{**good, **change})
+        assert info.value.argument == name, (name, str(info.value))
+    mla_jit.flash_mla_with_kvcache(**{**good, "q": torch.zeros(2, 1, 16, 592, dtype=FP8)[..., :576]})  # 16 B strides
+    # Another device than q's (the signature tells devices apart by index: CUDA's, or -1 for both
+    # the CPU and meta, so without the warm plans here).
+    runtime.decode_plans.clear()
+    with pytest.raises(mla_jit.InvalidArgumentError, match="meta") as info:
+        mla_jit.flash_mla_with_kvcache(**{**good, "descale_q": torch.ones(1, device="meta")})
+    assert info.value.argument == "descale_q"
+    # bf16 q on an FP8 cache (de-quantized on chip) is a later step.
+    with pytest.raises(mla_jit.FeatureNotAvailableError, match="FP8 cache") as info:
+        mla_jit.flash_mla_with_kvcache(**{**good, "q": bf16_q, "descale_q": None, "descale_k": None})
+    assert info.value.argument == "q"
+    with pytest.raises(mla_jit.InvalidArgumentError, match="k_cache"):
+        mla_jit.flash_mla_with_kvcache_fp8(bf16_q, bf16_cache, block_table, lens, 512, meta, splits)
+    # is_fp8_kvcache keeps FlashMLA's meaning (its sparse records): not available, FP8 tensors or not.
+    with pytest.raises(mla_jit.FeatureNotAvailableError, match="is_fp8_kvcache"):
+        mla_jit.flash_mla_with_kvcache(**good, is_fp8_kvcache=True)
+    assert len(_FakeDecodePlan.built) == 2   # the good call's, and the 16-byte strides'
+
+
+def test_fp8_fake_implementation_returns_bf16_out():
+    q = torch.empty(3, 2, 16, 576, dtype=FP8, device="meta")
+    k_cache = torch.empty(10, 64, 1, 576, dtype=FP8, device="meta")
+    block_table = torch.empty(3, 4, dtype=torch.int32, device="meta")
+    lens, splits = torch.empty(3, dtype=torch.int32, device="meta"), torch.empty(4, dtype=torch.int32, device="meta")
+    meta = torch.empty(66, 8, dtype=torch.int32, device="meta")
+    one = torch.empty(1, device="meta")
+    mla_jit.flash_mla_with_kvcache  # registers the ops
+    for descales in ((), (one, one), (None, one)):
+        out, lse = torch.ops.mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, meta, splits, None,
+                                                            True, *descales)
+        assert (out.shape, out.dtype, lse.shape, lse.dtype) == ((3, 2, 16, 512), torch.bfloat16, (3, 16, 2),
+                                                                torch.float32)
+    out, _ = torch.ops.mla_jit.flash_mla_with_kvcache(q.to(torch.float16), k_cache.to(torch.float16), block_table,
+                                                      lens, 512, meta, splits)
+    assert out.dtype == torch.float16
 
 
 def test_lazy_schedule_is_filled_once_and_checked_for_consistency(stub_gpu):

@@ -102,11 +102,20 @@ _REG_GRANULE = 8
 
 
 SCHEDULES = ("ws", "ws_unfused")
+# Pipeline stages of the sm90 kernels per dtype: Q[:, :dv] in registers and P in each stage's rope
+# columns (or an 8 KB buffer per stage at d = dv) leave room for 3 stages of 2-byte KV (224 KB at
+# d = 576, 216 KB at d = 512); an e4m3 stage is half the bytes, and 4 of them fit.
+STAGES = {"bf16": 3, "fp16": 3, "e4m3": 4}
+
+
+def out_dtype_of(dtype: str) -> str:
+    """The dtype of out for `dtype` q and cache: their own, except bf16 for e4m3 (vLLM's FP8 decode)."""
+    return "bf16" if dtype == "e4m3" else dtype
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    dtype: str          # "bf16" or "fp16"
+    dtype: str          # "bf16" or "fp16" (q, cache and out), or "e4m3" (q and cache; out bf16)
     head_dim: int       # d of q and k
     head_dim_v: int     # leading columns of the cache that are V
     page_size: int
@@ -123,9 +132,10 @@ class DecodeConfig:
     num_threads = 384   # a producer warpgroup, the S/softmax warpgroup, two P V warpgroups
 
     def __post_init__(self):
-        check_fields(self, schedule=SCHEDULES, cluster_m=(1, 2), dtype=("bf16", "fp16"),
+        # (dtype is checked before num_stages, whose values depend on it.)
+        check_fields(self, schedule=SCHEDULES, cluster_m=(1, 2), dtype=tuple(STAGES),
                      head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS), page_size=SUPPORTED_PAGE_SIZES,
-                     block_m=(BLOCK_M,), block_n=(BLOCK_N,), num_stages=(3,))
+                     block_m=(BLOCK_M,), block_n=(BLOCK_N,), num_stages=(STAGES.get(self.dtype, 3),))
         if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
             raise InvalidArgumentError("DecodeConfig.head_dim_v", f"(head_dim, head_dim_v) in {SUPPORTED_HEAD_DIMS}",
                                        f"({self.head_dim}, {self.head_dim_v})")
@@ -191,9 +201,7 @@ def cluster_m_for(row_tiles: int, choice: str = "auto") -> int:
 @functools.lru_cache(maxsize=None)
 def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
                   schedule: str = "ws", cluster_m: int = 1) -> DecodeConfig:
-    # Q[:, :dv] lives in registers and P in each stage's rope columns (or an 8 KB buffer per stage
-    # at d = dv), so 3 stages fit (224 KB at d = 576, 216 KB at d = 512).
-    return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=3,
+    return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=STAGES.get(dtype, 3),
                         schedule=schedule, cluster_m=cluster_m)
 
 

@@ -1,6 +1,8 @@
 """FlashMLA-compatible dense paged MLA decode: get_mla_metadata and flash_mla_with_kvcache, in both
 of FlashMLA's forms (the schedule as two tensors, and the lazily filled FlashMLASchedMeta), as
-torch custom ops `mla_jit::get_mla_metadata` and `mla_jit::flash_mla_with_kvcache`.
+torch custom ops `mla_jit::get_mla_metadata` and `mla_jit::flash_mla_with_kvcache`; and vLLM's
+flash_mla_with_kvcache_fp8 (e4m3 q and cache with per-tensor descales, bf16 out), which is
+flash_mla_with_kvcache on FP8 tensors.
 
 This module validates arguments and asks the runtime (runtimes/decode_plan.py) for a plan; a warm
 call is a signature lookup, the plan's launch and nothing else.
@@ -17,10 +19,13 @@ from ..errors import FeatureNotAvailableError, InvalidArgumentError
 from ..runtimes import decode_plan as runtime
 from . import library, validate
 
-_QKV_DTYPES = (torch.bfloat16, torch.float16)
+_FP8 = torch.float8_e4m3fn
+_Q_DTYPES = (torch.bfloat16, torch.float16, _FP8)
 _MAX_Q_PER_KV = 128
 _MAX_S_Q = 16   # draft tokens per sequence (speculative decoding, multi-token prediction)
 _MAX_H_KV = 8
+# FlashMLA's is_fp8_kvcache: its sparse (V3.2) cache of 656-byte FP8 records, not the plain e4m3 cache.
+_FP8_RECORDS = "FlashMLA's FP8 KV cache records (656 bytes a token; for a plain e4m3 cache pass e4m3 q and k_cache)"
 
 
 class SchedConfig(NamedTuple):
@@ -81,7 +86,7 @@ def _metadata_tensors(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
                       num_heads_q: int | None = None, is_fp8_kvcache: bool = False,
                       topk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     if is_fp8_kvcache:
-        raise FeatureNotAvailableError("is_fp8_kvcache", "an FP8 KV cache")
+        raise FeatureNotAvailableError("is_fp8_kvcache", _FP8_RECORDS)
     if topk is not None:
         raise FeatureNotAvailableError("topk", "sparse attention")
     if library.compiling():
@@ -138,14 +143,17 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                            attn_sink: torch.Tensor | None = None, extra_k_cache: torch.Tensor | None = None,
                            extra_indices_in_kvcache: torch.Tensor | None = None,
                            topk_length: torch.Tensor | None = None,
-                           extra_topk_length: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Paged MLA decode (FlashMLA's API). Returns out (b, s_q, h_q, head_dim_v) in q's dtype and
-    lse (b, h_q, s_q) float32 (natural log; +inf for rows that see no key).
+                           extra_topk_length: torch.Tensor | None = None, *, descale_q: torch.Tensor | None = None,
+                           descale_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Paged MLA decode (FlashMLA's API). Returns out (b, s_q, h_q, head_dim_v) in q's dtype (bf16
+    for e4m3 q) and lse (b, h_q, s_q) float32 (natural log; +inf for rows that see no key).
 
     `tile_scheduler_metadata` is either the tensor pair's first half from get_mla_metadata(...)
     (with `num_splits` the second), or a FlashMLASchedMeta from get_mla_metadata() (`num_splits`
-    None). The sparse and FP8 arguments are accepted for FlashMLA's signature and raise
-    FeatureNotAvailableError until those kernels land."""
+    None). An e4m3 q and cache take per-tensor descales `descale_q` / `descale_k` (float32 (1,) on
+    q's device; None: 1.0), as SGLang passes them: see flash_mla_with_kvcache_fp8. The sparse
+    arguments and `is_fp8_kvcache` (FlashMLA's FP8 sparse record format) are accepted for FlashMLA's
+    signature and raise FeatureNotAvailableError until those kernels land."""
     if (is_fp8_kvcache or indices is not None or attn_sink is not None or extra_k_cache is not None
             or extra_indices_in_kvcache is not None or topk_length is not None or extra_topk_length is not None):
         _reject_unavailable(is_fp8_kvcache, indices, attn_sink, extra_k_cache, extra_indices_in_kvcache,
@@ -155,14 +163,34 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                                                            cache_seqlens, causal)
     if library.compiling():
         return _decode_op(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
-                          softmax_scale, causal)
+                          softmax_scale, causal, descale_q, descale_k)
     return _decode_eager(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
-                         softmax_scale, causal)
+                         softmax_scale, causal, descale_q, descale_k)
+
+
+def flash_mla_with_kvcache_fp8(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
+                               cache_seqlens: torch.Tensor, head_dim_v: int,
+                               tile_scheduler_metadata: torch.Tensor | FlashMLASchedMeta,
+                               num_splits: torch.Tensor | None = None, softmax_scale: float | None = None,
+                               causal: bool = False, descale_q: torch.Tensor | None = None,
+                               descale_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's FP8 dense decode (`flash_mla_with_kvcache_fp8`): q (b, s_q, h_q, d) and k_cache
+    (num_blocks, page, h_kv, d) float8_e4m3fn, quantized by the caller with per-tensor scales;
+    `descale_q` / `descale_k` float32 (1,) on q's device, read by the kernel on the GPU (no host
+    sync: capturable), None meaning 1.0. Computes softmax(softmax_scale * (q * descale_q) .
+    (k * descale_k)) (v * descale_k), V the first head_dim_v columns of the cache. Returns out
+    (b, s_q, h_q, head_dim_v) bfloat16 and lse (b, h_q, s_q) float32; shapes, schedules and limits
+    as flash_mla_with_kvcache (Hopper only for now)."""
+    if getattr(k_cache, "dtype", None) != _FP8:
+        raise InvalidArgumentError("k_cache", "a torch.float8_e4m3fn cache (flash_mla_with_kvcache serves bf16 "
+                                   "and fp16)", str(getattr(k_cache, "dtype", type(k_cache).__name__)))
+    return flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                                  num_splits, softmax_scale, causal, descale_q=descale_q, descale_k=descale_k)
 
 
 def _reject_unavailable(is_fp8_kvcache, indices, attn_sink, extra_k_cache, extra_indices_in_kvcache,
                         topk_length, extra_topk_length) -> None:
-    for name, value, feature in (("is_fp8_kvcache", is_fp8_kvcache or None, "an FP8 KV cache"),
+    for name, value, feature in (("is_fp8_kvcache", is_fp8_kvcache or None, _FP8_RECORDS),
                                  ("indices", indices, "sparse attention (DSA)"),
                                  ("attn_sink", attn_sink, "attention sinks (sparse attention)"),
                                  ("extra_k_cache", extra_k_cache, "an extra KV cache (sparse attention)"),
@@ -211,33 +239,42 @@ def _schedule_of(sched: FlashMLASchedMeta, num_splits, q, k_cache, cache_seqlens
     return sched.tile_scheduler_metadata, sched.num_splits
 
 
-def _signature(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits):
+def _descale_form(descale):
+    """What the checks look at of a descale (None, or its shape, dtype and device)."""
+    return None if descale is None else (descale.shape, descale.dtype, descale.get_device())
+
+
+def _signature(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+               descale_q=None, descale_k=None):
     """Everything _check_decode_args looks at except data pointers, as one hashable tuple: a call
-    whose signature was validated before skips the checks (alignment is re-checked every call)."""
+    whose signature was validated before skips the checks (alignment is re-checked every call; the
+    descales' pointers are read every call)."""
     return (q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), k_cache.dtype,
             k_cache.get_device(), block_table.shape, block_table.stride(), block_table.dtype,
             block_table.get_device(), cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
             cache_seqlens.get_device(), tile_scheduler_metadata.shape, tile_scheduler_metadata.stride(),
             tile_scheduler_metadata.dtype, tile_scheduler_metadata.get_device(), num_splits.shape,
             num_splits.stride(), num_splits.dtype, num_splits.get_device(), head_dim_v,
+            _descale_form(descale_q), _descale_form(descale_k),
             runtime.plan_env())  # MLA_JIT_ARCH / schedule are read live: another value, another plan
 
 
 def _decode_eager(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
-                  softmax_scale=None, causal=False) -> tuple[torch.Tensor, torch.Tensor]:
+                  softmax_scale=None, causal=False, descale_q=None,
+                  descale_k=None) -> tuple[torch.Tensor, torch.Tensor]:
     # (The defaults repeat the schema's: the dispatcher passes only the arguments given.)
     try:
         signature = _signature(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
-                               num_splits)
+                               num_splits, descale_q, descale_k)
         plan = runtime.decode_plans.get(signature)
     except (AttributeError, TypeError):  # a non-tensor argument: the full checks name it
         plan = signature = None
     if plan is None:
         _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
-                           num_splits, softmax_scale)
+                           num_splits, softmax_scale, descale_q, descale_k)
         if q.shape[0] == 0:
-            return (q.new_empty((0, *q.shape[1:3], head_dim_v)),
-                    q.new_empty((0, q.shape[2], q.shape[1]), dtype=torch.float32))
+            return _decode_fake(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                                num_splits)
         if len(runtime.decode_plans) >= runtime.MAX_PLANS:  # ever-new shapes: keep the memo bounded
             runtime.decode_plans.clear()
         plan = runtime.decode_plans[signature] = runtime.DecodePlan(q, k_cache, block_table, head_dim_v,
@@ -252,19 +289,21 @@ def _decode_eager(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_sched
     else:
         raise InvalidArgumentError("softmax_scale", "a finite float or None", repr(softmax_scale))
     return plan.run(q, q_ptr, k_cache, k_ptr, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, scale,
-                    causal)
+                    causal, descale_q, descale_k)
 
 
 def _decode_fake(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
-                 softmax_scale=None, causal=False) -> tuple[torch.Tensor, torch.Tensor]:
+                 softmax_scale=None, causal=False, descale_q=None,
+                 descale_k=None) -> tuple[torch.Tensor, torch.Tensor]:
     b, s_q, h_q, _ = q.shape
-    return q.new_empty((b, s_q, h_q, head_dim_v)), q.new_empty((b, h_q, s_q), dtype=torch.float32)
+    return (q.new_empty((b, s_q, h_q, head_dim_v), dtype=runtime.out_dtype(q.dtype)),
+            q.new_empty((b, h_q, s_q), dtype=torch.float32))
 
 
 _decode_op = library.define("flash_mla_with_kvcache",
                "(Tensor q, Tensor k_cache, Tensor block_table, Tensor cache_seqlens, int head_dim_v, "
-               "Tensor tile_scheduler_metadata, Tensor num_splits, float? softmax_scale=None, bool causal=False) "
-               "-> (Tensor, Tensor)", _decode_eager, _decode_fake)
+               "Tensor tile_scheduler_metadata, Tensor num_splits, float? softmax_scale=None, bool causal=False, "
+               "Tensor? descale_q=None, Tensor? descale_k=None) -> (Tensor, Tensor)", _decode_eager, _decode_fake)
 
 
 # ---- argument checks (first call of a signature) --------------------------------------------
@@ -281,10 +320,13 @@ def _int32_vector(name: str, value, length: int | None, device=None) -> torch.Te
 
 
 def _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
-                       num_splits, softmax_scale) -> None:
-    validate.tensor("q", q, dtypes=_QKV_DTYPES, ndim=4, last_dim_contiguous=True)
+                       num_splits, softmax_scale, descale_q=None, descale_k=None) -> None:
+    validate.tensor("q", q, dtypes=_Q_DTYPES, ndim=4, last_dim_contiguous=True)
     device = q.device
+    if isinstance(k_cache, torch.Tensor) and k_cache.dtype == _FP8 and q.dtype != _FP8:
+        raise FeatureNotAvailableError("q", "bf16/fp16 q with an FP8 cache (de-quantized on chip)")
     validate.tensor("k_cache", k_cache, dtypes=(q.dtype,), ndim=4, device=device, contiguous=True)
+    _check_descales(q, descale_q, descale_k)
     b, s_q, h_q, d = q.shape
     num_blocks, page_size, h_kv, d_k = k_cache.shape
     if d_k != d:
@@ -303,10 +345,11 @@ def _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_
         raise InvalidArgumentError("q", f"s_q (dim 1) in [1, {_MAX_S_Q}]", str(s_q))
     if num_blocks * page_size >= 2 ** 31:
         raise InvalidArgumentError("k_cache", "fewer than 2^31 tokens", str(num_blocks * page_size))
-    # Q rows are read with 16-byte vector loads.
-    if q.data_ptr() % 16 or q.stride(1) % 8 or q.stride(2) % 8 or q.stride(0) % 8:
-        raise InvalidArgumentError("q", "a 16-byte aligned base and strides that are multiples of 8 elements",
-                                   f"strides {q.stride()}")
+    # Q rows are read with 16-byte vector loads (8 bf16 / fp16 elements, 16 e4m3).
+    esize = q.element_size()
+    if q.data_ptr() % 16 or any(q.stride(i) * esize % 16 for i in range(3)):
+        raise InvalidArgumentError("q", "a 16-byte aligned base and strides that are multiples of 16 bytes",
+                                   f"strides {q.stride()} of {esize}-byte elements")
     validate.aligned("k_cache", k_cache, 16)
     validate.tensor("block_table", block_table, dtypes=(torch.int32,), ndim=2, device=device,
                     last_dim_contiguous=True)
@@ -322,6 +365,18 @@ def _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_
     check_output_offsets(q.shape, tile_scheduler_metadata.shape[0], head_dim_v)
     if softmax_scale is not None and not (isinstance(softmax_scale, (float, int)) and math.isfinite(softmax_scale)):
         raise InvalidArgumentError("softmax_scale", "a finite float or None", repr(softmax_scale))
+
+
+def _check_descales(q, descale_q, descale_k) -> None:
+    """Per-tensor descales scale FP8 q and cache only; the kernel reads each as one float32 on q's GPU."""
+    for name, value in (("descale_q", descale_q), ("descale_k", descale_k)):
+        if value is None:
+            continue
+        if q.dtype != _FP8:
+            raise InvalidArgumentError(name, "None with a bf16 / fp16 q and cache (descales scale FP8 tensors)",
+                                       type(value).__name__)
+        validate.tensor(name, value, dtypes=(torch.float32,), ndim=1, device=q.device)
+        validate.shape(name, value, (1,))
 
 
 def check_output_offsets(q_shape, num_sm_parts: int, head_dim_v: int) -> None:

@@ -6,7 +6,7 @@ from typing import Any, Iterable
 
 from ..configs.decode import (BLOCK_M, CLUSTER_ENV, SCHEDULE_ENV, SCHEDULES, SUPPORTED_HEAD_DIMS, DecodeConfig,
                               MetadataConfig, Sm80DecodeConfig, cluster_m_for, decode_config, metadata_config,
-                              sm80_decode_config)
+                              out_dtype_of, sm80_decode_config)
 from ..dtypes import cpp_type
 from ..jit import env
 from ..jit.arch import Arch, ArchPair
@@ -15,9 +15,9 @@ from .base import KernelFamily
 from .registry import register
 
 # C layouts of decode/common.cuh's parameter structs (little endian, natural alignment).
-DECODE_PARAMS = struct.Struct("<9Q4q8i2fi4xQ")    # DecodeParams, 160 bytes
+DECODE_PARAMS = struct.Struct("<9Q4q8i2fi4xQ2Q")  # DecodeParams, 176 bytes
 METADATA_PARAMS = struct.Struct("<3Q4i")          # MetadataParams, 40 bytes
-assert DECODE_PARAMS.size == 160 and METADATA_PARAMS.size == 40
+assert DECODE_PARAMS.size == 176 and METADATA_PARAMS.size == 40
 
 
 @register
@@ -66,7 +66,8 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
     def render_context(self, cfg: DecodeConfig, arch: ArchPair) -> dict[str, Any]:
         return {"splitkv_entry": self.SPLITKV, "combine_entry": "" if cfg.fused_combine else self.COMBINE,
                 "fused_combine": "true" if cfg.fused_combine else "false", "cluster_m": cfg.cluster_m,
-                "dtype": cpp_type(cfg.dtype), "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v,
+                "dtype": cpp_type(cfg.dtype), "out_dtype": cpp_type(out_dtype_of(cfg.dtype)),
+                "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v,
                 "page_size": cfg.page_size, "block_m": cfg.block_m, "block_n": cfg.block_n,
                 "num_stages": cfg.num_stages, "schedule": cfg.schedule}
 
@@ -77,8 +78,9 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
         # Clustered kernels where a preset's row tiles (s_q 1 to 4) share KV; the unclustered one too
         # (a GPU that cannot keep every cluster resident falls back to it).
         cluster = env.choice(CLUSTER_ENV.name)
-        configs = (decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size, arch, schedule, cluster_m)
-                   for p in _preset_shapes(presets) for schedule in schedules
+        # bf16 and FP8 (e4m3) caches: DeepSeek V3 servers run either.
+        configs = (decode_config(dtype, p.head_dim, p.head_dim_v, p.page_size, arch, schedule, cluster_m)
+                   for dtype in ("bf16", "e4m3") for p in _preset_shapes(presets) for schedule in schedules
                    for cluster_m in _cluster_sizes(p, cluster))
         return list(dict.fromkeys(configs))
 

@@ -13,8 +13,10 @@ import torch
 
 from ..configs.decode import (BLOCK_M, CLUSTER_ENV, COMBINE_ROWS_PER_CTA, COMBINE_THREADS, SCHEDULE_ENV,
                               accum_rows, block_m_for, cluster_m_for, ctas_per_sm_for, decode_config,
-                              fused_combine_pays, metadata_config, num_sm_parts, sm80_decode_config)
-from ..dtypes import name_of
+                              fused_combine_pays, metadata_config, num_sm_parts, out_dtype_of,
+                              sm80_decode_config)
+from ..dtypes import name_of, torch_dtype
+from ..errors import FeatureNotAvailableError, KernelNotWarmError
 from ..jit import env, tma
 from ..jit.arch import ArchPair, resolve_for_device
 from ..jit.launch import PTR, TMA_DESC, Blob, max_active_clusters
@@ -25,6 +27,8 @@ from . import registry, workspace
 from .decode import DECODE_PARAMS, METADATA_PARAMS
 
 log = logging.getLogger(__name__)
+
+FP8 = torch.float8_e4m3fn
 
 METADATA_SIZE = 8   # int32 words per SM part of the schedule (FlashMLA's TileSchedulerMetaDataSize)
 _LOG2E = 1.4426950408889634
@@ -41,12 +45,36 @@ metadata_plans: dict[tuple, "MetadataPlan"] = {}
 decode_plans: dict[tuple, "DecodePlan"] = {}
 _descriptors: dict[tuple, tma.TmaDescriptor] = {}
 _smem_bytes: dict[tuple, int] = {}
+_unit_descales: dict[int, torch.Tensor] = {}   # device index -> float32 (1,) holding 1.0
 
 
 def reset() -> None:
     """Forget every plan and descriptor (tests use this, with registry.reset_all, to act as a new process)."""
-    for memo in (metadata_plans, decode_plans, _descriptors, _smem_bytes):
+    for memo in (metadata_plans, decode_plans, _descriptors, _smem_bytes, _unit_descales):
         memo.clear()
+
+
+def out_dtype(q_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of out for `q_dtype` q (configs.decode.out_dtype_of)."""
+    try:
+        return torch_dtype(out_dtype_of(name_of(q_dtype)))
+    except KeyError:  # no kernel dtype (the op's checks reject it; fake tensors may still ask)
+        return q_dtype
+
+
+def _unit_descale(like: torch.Tensor) -> torch.Tensor:
+    """A float32 (1,) tensor holding 1.0 on `like`'s device: what an FP8 kernel reads for a descale
+    given as None. One per device, made outside graph capture (made inside, its fill would be a node
+    of the graph: eager calls would read memory only a replay writes), and copied from the host
+    synchronously, so that it is written before a kernel on any stream reads it."""
+    device_index = like.get_device()
+    unit = _unit_descales.get(device_index)
+    if unit is None:
+        if like.is_cuda and workspace._capturing():
+            raise KernelNotWarmError(f"the FP8 decode needs a 1.0 descale on device {device_index}, made outside "
+                                     "CUDA graph capture: run the op once before capture")
+        unit = _unit_descales[device_index] = torch.ones(1, dtype=torch.float32).to(like.device)
+    return unit
 
 
 def sm_parts_for(device_index: int, num_q_tokens_per_head_k: int, num_heads_k: int) -> int:
@@ -107,6 +135,8 @@ def _kernels(q_shape, dtype: str, head_dim_v: int, page_size: int, h_kv: int, pa
         cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule, cluster_m)
         params, box = (Blob(DECODE_PARAMS.size), TMA_DESC), (min(page_size, cfg.block_n), 1, 64)
     else:
+        if dtype == "e4m3":  # the mma.sync family reads 2-byte K and V only
+            raise FeatureNotAvailableError("k_cache", "an FP8 KV cache on sm_80/sm_86/sm_89")
         family = registry.get("mla_decode_sm80")
         cfg = sm80_decode_config(dtype, d, head_dim_v, page_size, rows, arch.tuning)
         params, box = (Blob(DECODE_PARAMS.size), PTR), None
@@ -156,9 +186,11 @@ def kv_descriptor(k_cache: torch.Tensor, key: tuple, box: tuple[int, int, int]) 
         if len(_descriptors) > 1024:  # callers with ever-new caches: keep the memo bounded
             _descriptors.clear()
         num_blocks, page_size, h_kv, d = k_cache.shape
-        # L2 promotion = a box row (128 B): see TmaSpec.l2_promotion.
-        desc = _descriptors[key] = tma.tiled(k_cache.view(num_blocks * page_size, h_kv, d), box, swizzle=128,
-                                             l2_promotion=128)
+        # A box row is 64 columns: 128 B of bf16 / fp16, 64 B of e4m3. The swizzle spans the row (the
+        # kernels' shared memory layouts expect it) and L2 promotion is a row (see TmaSpec.l2_promotion).
+        row_bytes = box[-1] * k_cache.element_size()
+        desc = _descriptors[key] = tma.tiled(k_cache.view(num_blocks * page_size, h_kv, d), box, swizzle=row_bytes,
+                                             l2_promotion=row_bytes)
     return desc
 
 
@@ -167,7 +199,8 @@ class DecodePlan:
 
     __slots__ = ("splitkv", "combine", "box", "parts", "h_kv", "q_per_kv", "rows", "o_accum_elems",
                  "accum_elems", "counter_elems", "max_blocks", "bt_stride", "default_scale", "device_index",
-                 "out_shape", "lse_shape", "b", "s_q", "h_q", "q_strides", "kv_shape", "kv_dtype")
+                 "out_shape", "out_dtype", "lse_shape", "b", "s_q", "h_q", "q_strides", "kv_shape", "kv_dtype",
+                 "unit_descale", "unit_ptr")
 
     def __init__(self, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, head_dim_v: int,
                  parts: int):
@@ -193,16 +226,24 @@ class DecodePlan:
         self.bt_stride = block_table.stride(0)
         self.default_scale = d ** -0.5
         self.out_shape = (b, s_q, h_q, head_dim_v)
+        self.out_dtype = out_dtype(q.dtype)
         self.lse_shape = (b, h_q, s_q)
         self.kv_shape, self.kv_dtype = k_cache.shape, k_cache.dtype  # fixed by the plan's signature
+        # The FP8 kernels read both descales through pointers (no host sync: capturable); a descale
+        # given as None reads this 1.0. The bf16 / fp16 kernels read none: null pointers.
+        self.unit_descale = _unit_descale(q) if k_cache.dtype == FP8 else None
+        self.unit_ptr = 0 if self.unit_descale is None else self.unit_descale.data_ptr()
 
     def run(self, q: torch.Tensor, q_ptr: int, k_cache: torch.Tensor, k_ptr: int, block_table: torch.Tensor,
             cache_seqlens: torch.Tensor, tile_scheduler_metadata: torch.Tensor, num_splits: torch.Tensor,
-            scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            scale: float, causal: bool, descale_q: torch.Tensor | None = None,
+            descale_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Enqueue the call on the current stream; (out, lse) as flash_mla_with_kvcache returns them.
-        The caller has checked the signature and that q_ptr and k_ptr (the data pointers of q and
-        k_cache) are 16-byte aligned."""
-        out = q.new_empty(self.out_shape)  # new_empty: ~1 us cheaper than torch.empty(..., device=)
+        The caller has checked the signature (descales included: float32 (1,) on q's device, given
+        only with an FP8 cache) and that q_ptr and k_ptr (the data pointers of q and k_cache) are
+        16-byte aligned."""
+        # new_empty: ~1 us cheaper than torch.empty(..., device=)
+        out = q.new_empty(self.out_shape, dtype=self.out_dtype)
         lse = q.new_empty(self.lse_shape, dtype=torch.float32)
         stream = current_stream(self.device_index)
         # Both partial buffers in one scratch block: o_accum then lse_accum (float32); `scratch`
@@ -215,7 +256,9 @@ class DecodePlan:
             block_table.data_ptr(), cache_seqlens.data_ptr(), tile_scheduler_metadata.data_ptr(),
             num_splits.data_ptr(), q_stride[0], q_stride[1], q_stride[2], self.bt_stride,
             self.b, self.s_q, self.h_q, self.h_kv, self.q_per_kv, self.rows, self.parts, self.max_blocks,
-            scale, scale * _LOG2E, 1 if causal and self.s_q > 1 else 0, counters_ptr)
+            scale, scale * _LOG2E, 1 if causal and self.s_q > 1 else 0, counters_ptr,
+            self.unit_ptr if descale_q is None else descale_q.data_ptr(),
+            self.unit_ptr if descale_k is None else descale_k.data_ptr())
         kv = k_ptr if self.box is None else kv_descriptor(k_cache, (k_ptr, self.kv_shape, self.kv_dtype), self.box)
         self.splitkv(stream, params, kv)
         if self.combine is not None:

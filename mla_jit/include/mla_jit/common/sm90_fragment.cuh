@@ -59,6 +59,17 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+// The warpgroup's per-thread register count from kFrom to kTo (a decrease first frees registers
+// another warpgroup's increase may be waiting for).
+template <int kFrom, int kTo>
+__device__ __forceinline__ void setmaxnreg_move() {
+  if constexpr (kTo < kFrom) {
+    setmaxnreg_dec<kTo>();
+  } else if constexpr (kTo > kFrom) {
+    setmaxnreg_inc<kTo>();
+  }
+}
+
 // Byte offset of element (r, c) (16-bit elements) in a K-major tile stored as 64-column slabs of
 // rows x 128 B with the 128B swizzle (CuTe's Layout_K_SW128_Atom tiled over the rows, slabs
 // `rows` apart): the 16 B chunk index c/8 within a 128 B row is XORed with r % 8. Used instead of
@@ -112,6 +123,30 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
                "r"(r2), "r"(r3)
                : "memory");
+}
+
+// ldmatrix .x4 .trans: lanes 8m .. 8m + 7 give the row addresses of 8 x 8 (16-bit) matrix m;
+// register m of lane l gets elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4) of it.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+// Bytes of {b, a} (a = bytes 0-3, b = 4-7) picked by the nibbles of sel, lowest first.
+__device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+// Two floats as e4m3 (round to nearest, saturated to +-448): a in the low byte, b in the high.
+__device__ __forceinline__ uint16_t pack_e4m3x2(float a, float b) {
+  uint16_t d;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(b), "f"(a));
+  return d;
+}
+__device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v) {
+  asm volatile("st.shared.b16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
 }
 
 // The kernel's SharedStorage in dynamic smem, at a 1024 B boundary (see Sm90SmemSize). Rounded
@@ -206,6 +241,19 @@ __device__ __forceinline__ void zero_rows_from(uint32_t tile_addr, int v0, int t
   for (int idx = tw; idx < (kRows - v0) * kChunks; idx += 128) {
     const int lr = v0 + idx / kChunks, c = idx % kChunks;
     st_shared_v4(tile_addr + sw128_offset<kRows>(lr, c * 8), make_uint4(0u, 0u, 0u, 0u));
+  }
+}
+
+// Rows [v0, kRows) of a K-major tile of kChunks column chunks (each a contiguous kRows x
+// kRowBytes slab) set to zero by the 128 threads of a warpgroup. A swizzle (64B or 128B, within a
+// row's bytes) does not move bytes between rows, so whole rows are zeroed without it.
+template <int kRows, int kChunks, int kRowBytes>
+__device__ __forceinline__ void zero_chunk_rows_from(uint32_t tile_addr, int v0, int tw) {
+  constexpr int kPieces = kRowBytes / 16;  // 16-byte stores per row of a chunk
+#pragma unroll 1
+  for (int idx = tw; idx < (kRows - v0) * kPieces * kChunks; idx += 128) {
+    const int c = idx / ((kRows - v0) * kPieces), rest = idx % ((kRows - v0) * kPieces);
+    st_shared_v4(tile_addr + (c * kRows + v0) * kRowBytes + rest * 16, make_uint4(0u, 0u, 0u, 0u));
   }
 }
 

@@ -36,7 +36,7 @@ enum TraceCombine {
 // Runtime parameters of the split-KV and combine kernels. Strides are in elements.
 struct DecodeParams {
   const void* q;                 // (b, s_q, h_q, d), last dim contiguous
-  void* out;                     // (b, s_q, h_q, dv) contiguous, q dtype
+  void* out;                     // (b, s_q, h_q, dv) contiguous, q dtype (bf16 for e4m3 q)
   float* lse;                    // (b, h_q, s_q) contiguous, natural log
   float* o_accum;                // [total_splits][h_kv][rows][dv] float32
   float* lse_accum;              // [total_splits][h_kv][rows] float32, log2 domain
@@ -54,9 +54,12 @@ struct DecodeParams {
   // Fused combine (ws schedule): one arrival counter per (batch, KV head, row tile), zero between
   // launches (the CTA that completes a batch's count resets it). Unused by the other kernels.
   int* combine_counters;
+  // e4m3 q and cache: per-tensor descales (float32 (1,) on the GPU; nullptr for 16-bit kernels).
+  const float* descale_q;
+  const float* descale_k;
 };
 // runtimes/decode.py packs this struct (DECODE_PARAMS); the CPU tests pin both to this size.
-static_assert(sizeof(DecodeParams) == 160, "DecodeParams layout");
+static_assert(sizeof(DecodeParams) == 176, "DecodeParams layout");
 
 // Parameters of the scheduler-metadata kernel.
 struct MetadataParams {

@@ -9,6 +9,32 @@
 namespace mla_jit {
 namespace decode {
 
+// The P V operands. 16-bit: V is the MN-major view of the K tile's first HEAD_DIM_V columns (no
+// copy). e4m3: FP8 wgmma takes K-major operands only, so each P V warpgroup transposes its V half
+// into its own (HEAD_DIM_V / 2) x BLOCK_N tile first (ws_transpose_v_half).
+template <typename Element, int BLOCK_M, int BLOCK_N, int HEAD_DIM_V, typename SwAtom,
+          bool kFp8 = cute::is_same_v<Element, cutlass::float_e4m3_t>>
+struct Sm90PvOperands {
+  using SmemLayoutVHalf =
+      decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_N>, cute::Int<HEAD_DIM_V / 2>>{}));
+  using SmemLayoutVtHalf = decltype(cute::composition(
+      SmemLayoutVHalf{},
+      cute::make_layout(cute::Shape<cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>{}, cute::GenRowMajor{})));
+  using TiledMmaO = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+};
+template <typename Element, int BLOCK_M, int BLOCK_N, int HEAD_DIM_V, typename SwAtom>
+struct Sm90PvOperands<Element, BLOCK_M, BLOCK_N, HEAD_DIM_V, SwAtom, true> {
+  using SmemLayoutVtHalf =
+      decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>{}));
+  using TiledMmaO = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::K>()));
+};
+
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_, int BLOCK_N_>
 struct Sm90DecodeTiles {
   using Element = Element_;
@@ -17,38 +43,37 @@ struct Sm90DecodeTiles {
   static constexpr int PAGE_SIZE = PAGE_SIZE_;
   static constexpr int BLOCK_M = BLOCK_M_;
   static constexpr int BLOCK_N = BLOCK_N_;
+  // e4m3 q and cache (FP8 wgmma, out in bf16), or 16-bit q, cache and out.
+  static constexpr bool kFp8 = cute::is_same_v<Element, cutlass::float_e4m3_t>;
+  using OutElement = cute::conditional_t<kFp8, cutlass::bfloat16_t, Element>;
 
   static_assert(BLOCK_M == 64, "one wgmma M tile per warpgroup");
   static_assert(BLOCK_N == 64, "tile = 64 tokens (metadata block_n must match)");
   static_assert(PAGE_SIZE >= 16 && PAGE_SIZE <= 256 && (PAGE_SIZE & (PAGE_SIZE - 1)) == 0, "page");
-  static_assert(cute::is_same_v<Element, cutlass::bfloat16_t> || cute::is_same_v<Element, cutlass::half_t>,
-                "bf16 or fp16");
+  static_assert(cute::is_same_v<Element, cutlass::bfloat16_t> || cute::is_same_v<Element, cutlass::half_t> || kFp8,
+                "bf16, fp16 or e4m3");
 
-  // TMA box: 64 columns (= 128 B, the SWIZZLE_128B span) x 1 head x kBoxRows tokens.
+  // TMA box: 64 columns x 1 head x kBoxRows tokens; 64 columns are the swizzle span (128 B of
+  // 16-bit elements with the 128B swizzle, 64 B of e4m3 with the 64B swizzle).
   static constexpr int kBoxCols = 64;
+  static constexpr int kChunkRowBytes = kBoxCols * int(sizeof(Element));  // a row of a 64-column chunk
   static constexpr int kBoxRows = PAGE_SIZE < BLOCK_N ? PAGE_SIZE : BLOCK_N;
   static constexpr int kPagesPerTile = BLOCK_N / kBoxRows;  // 1 when a page holds >= 1 tile
   static constexpr int kColChunks = HEAD_DIM / kBoxCols;
 
-  // All operand tiles are K-major with the 128B swizzle: atoms of 8 rows x 64 columns, stacked
-  // row-major-of-atoms so that each 64-column chunk is a contiguous (rows x 128 B) slab, which is
-  // exactly what one TMA box writes. Chunk c of a K tile starts at element c * BLOCK_N * 64.
-  using SwAtom = decltype(cute::GMMA::Layout_K_SW128_Atom<Element>{});
+  // All operand tiles are K-major and swizzled over their 64 columns: atoms of 8 rows x 64
+  // columns, stacked row-major-of-atoms so that each 64-column chunk is a contiguous (rows x
+  // kChunkRowBytes) slab, which is exactly what one TMA box writes. Chunk c of a K tile starts at
+  // element c * BLOCK_N * 64.
+  using SwAtom = cute::conditional_t<kFp8, decltype(cute::GMMA::Layout_K_SW64_Atom<Element>{}),
+                                     decltype(cute::GMMA::Layout_K_SW128_Atom<Element>{})>;
   using SmemLayoutK = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_N>, cute::Int<HEAD_DIM>>{}));
   // One 64 x 64 slab: Q rope, K rope, P.
   using SmemLayoutSlab = decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<64>, cute::Int<64>>{}));
-  // V half seen as the (dv/2, tokens) B operand: MN-major view of the same K-major bytes.
-  using SmemLayoutVHalf =
-      decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<BLOCK_N>, cute::Int<HEAD_DIM_V / 2>>{}));
-  using SmemLayoutVtHalf = decltype(cute::composition(
-      SmemLayoutVHalf{},
-      cute::make_layout(cute::Shape<cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>{}, cute::GenRowMajor{})));
-
-  // A warpgroup's half of O += P V, both operands in smem.
-  using TiledMmaO = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+  // A warpgroup's half of O += P V (both operands in smem) and its V operand, (dv/2, tokens).
+  using PvOperands = Sm90PvOperands<Element, BLOCK_M, BLOCK_N, HEAD_DIM_V, SwAtom>;
+  using SmemLayoutVtHalf = typename PvOperands::SmemLayoutVtHalf;
+  using TiledMmaO = typename PvOperands::TiledMmaO;
 
   static constexpr unsigned kTileBytes = BLOCK_N * HEAD_DIM * sizeof(Element);
   static constexpr unsigned kPageBytes = kBoxRows * HEAD_DIM * sizeof(Element);
@@ -83,6 +108,77 @@ __device__ __forceinline__ void issue_pv_half(TiledMmaO& mma_o, int tw, typename
     mma_o.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
+}
+
+// ---- e4m3 P V: the token order of P's columns and V^T's rows ----
+// FP8 wgmma reads both operands K-major, so V (tokens x dv in the cache) is transposed on chip.
+// ldmatrix .trans (16-bit elements) does most of it: for a 16 x 32-byte block it gives lane l
+// (p = l / 4, q = l % 4), per 8 x 16-byte matrix, dv bytes (2p, 2p + 1) of tokens (2q, 2q + 1);
+// two byte permutes per register pair then give 4 tokens of one dv byte. The tokens come out in
+// a fixed order: slot 4q + {0, 1, 2, 3} of each 16-token group holds tokens 2q, 2q + 1, 8 + 2q,
+// 9 + 2q. P V sums over tokens, so P's columns are stored in the same slot order and the product
+// is unchanged.
+
+// Byte column (slot) of even token t (t, t + 1 share a 16-bit store) within a 64-token row.
+__device__ __forceinline__ int pv_slot_of_even_token(int t) {
+  const int tl = t % 16;
+  return (t / 16) * 16 + (tl < 8 ? 2 * tl : 2 * (tl - 8) + 2);
+}
+
+// Byte offset of (row r, byte column c) in a K-major 64-byte-row tile with the 64B swizzle
+// (CuTe's Layout_K_SW64_Atom for 8-bit elements: 16-byte chunk c / 16 XOR (r / 2) % 4).
+__device__ __forceinline__ uint32_t sw64_offset(int r, int c) {
+  return uint32_t(r * 64 + ((((c >> 4) ^ (r >> 1)) & 3) << 4) + (c & 15));
+}
+
+// P (thread tw's part of a 64 x 64 fp32 accumulator fragment) as e4m3 into a 64 x 64 K-major SW64
+// slab, columns in the slot order above: one 16-bit store per row and 8-token group (two tokens).
+template <typename Frag>
+__device__ __forceinline__ void store_p_e4m3_sw64(uint32_t slab, int tw, const Frag& s) {
+  const int row0 = (tw / 32) * 16 + (tw % 32) / 4, col_lane = (tw % 4) * 2;
+#pragma unroll
+  for (int j = 0; j < cute::size(s) / 4; ++j) {
+    const int c = pv_slot_of_even_token(j * 8 + col_lane);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      st_shared_u16(slab + sw64_offset(row0 + 8 * h, c), pack_e4m3x2(s(j * 4 + h * 2), s(j * 4 + h * 2 + 1)));
+  }
+}
+
+// V[:, half] of a K tile (kRows tokens x 256 bytes: the 64-byte chunks starting at v_src, each a
+// contiguous kRows x 64 B SW64 slab) into vt, a (256 dv x kRows) K-major SW64 tile in the slot
+// order above, by the 128 threads of a P V warpgroup; tokens >= valid become 0 (rows past a
+// sequence's end may hold NaN or stale bytes). Warp w takes tokens 16w .. 16w + 15 in 8 blocks of
+// 32 dv bytes, each one ldmatrix .x4 .trans, 4 byte permutes and one stmatrix .x4. Both addresses
+// are a per-thread base plus immediates: block k's source is chunk k / 2 with the swizzled 16-byte
+// chunk index's bit 1 flipped for odd k, its destination 32 dv rows (2 KB) further, at the same
+// swizzle (dv / 2 % 4 does not depend on k). Kept out of registers, which O fills.
+template <int kRows>
+__device__ __forceinline__ void transpose_v_half_e4m3(uint32_t v_src, uint32_t vt, int valid, int tw) {
+  static_assert(kRows == 64, "a 16-token group per warp");
+  const int tb = (tw / 32) * 16, lane = tw % 32;
+  const int m = lane / 8, i = lane % 8;  // ldmatrix / stmatrix: this lane addresses row i of matrix m
+  // ldmatrix matrix m: tokens tb + 8 (m & 1) + 0..7, dv bytes 32k + 16 (m >> 1) + 0..15.
+  const uint32_t src = v_src + sw64_offset(tb + 8 * (m & 1) + i, 16 * (m >> 1));
+  // stmatrix matrix m, register m: dv 32k + 16 (m >> 1) + 2i + (m & 1), slots of group tb / 16.
+  const uint32_t dst = vt + sw64_offset(16 * (m >> 1) + 2 * i + (m & 1), tb);
+  uint32_t keep_a = 0xffffffffu, keep_c = 0xffffffffu;  // this lane's tokens 2q, 2q + 1 / 8 + 2q, 9 + 2q
+  if (tb + 16 > valid) {  // warp-uniform
+    const int ta = tb + 2 * (lane % 4), tc = ta + 8;
+    keep_a = (ta < valid ? 0xffffu : 0u) | (ta + 1 < valid ? 0xffff0000u : 0u);
+    keep_c = (tc < valid ? 0xffffu : 0u) | (tc + 1 < valid ? 0xffff0000u : 0u);
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    uint32_t r[4];
+    ldmatrix_x4_trans((src ^ ((k & 1) * 32)) + (k / 2) * kRows * 64, r);
+    r[0] &= keep_a;
+    r[2] &= keep_a;
+    r[1] &= keep_c;
+    r[3] &= keep_c;
+    stmatrix_x4(dst + k * 32 * 64, byte_perm(r[0], r[1], 0x6420), byte_perm(r[0], r[1], 0x7531),
+                byte_perm(r[2], r[3], 0x6420), byte_perm(r[2], r[3], 0x7531));
+  }
 }
 
 }  // namespace detail

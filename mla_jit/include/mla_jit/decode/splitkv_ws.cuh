@@ -70,12 +70,23 @@
 //   Named barrier 2 (WG1 + WG2, 256 threads): the fused combine's count (ws_count_split).
 //   Named barrier 3 (WG0 + the producer's warp, 160 threads), once per CTA: WG0 has its first Q
 //   (arrive), so the producer issues tiles 1 .. NUM_STAGES - 1 (tile 0 goes out before it).
-//   After the main loop (fused combine only), WG0 drops to kRegsPV registers and every warp
-//   meets at __syncthreads before step 2.
+//   After the main loop every warpgroup moves to kRegsAfter registers; (fused combine only) every
+//   warp meets at __syncthreads before step 2.
 // Registers (setmaxnreg; counts must add up to at most the launch allocation, 3 x 168 for
 // __launch_bounds__(384, 1), or setmaxnreg.inc blocks forever): WG0 184 = R0..R23 state, S at
 // R24..R55, Q at R56..R179; WG1/WG2 160 = state + O at R24..R151. ptxas puts wgmma accumulators
 // at R24 and ignores a setmaxnreg below (highest register + 3), which is what bounds both.
+//
+// e4m3 q and cache (Element float_e4m3_t, out bf16; vLLM's FP8 decode): the same schedule on FP8
+// wgmma. All of Q (72 registers) is S's register A operand; the KV tile's 64-column chunks use the
+// 64B swizzle (64 B rows); 4 stages. P is not divided by l (P / l can fall below e4m3's range):
+// WG0 stores it unnormalized as e4m3, and at a piece's last tile the factor 1/l times descale_k
+// (row_scale[s][BM + row]), which the P V warpgroups apply to O after that tile's P V. FP8 wgmma
+// reads B K-major only, so each P V warpgroup transposes its V half into its V^T buffer (two, by
+// tile parity) as soon as full[s] completes, while WG0 runs S (transpose_v_half_e4m3, with a
+// token order that P's columns share), and syncs its 4 warps on named barrier 4 / 5 before its
+// P V. It zeroes tokens >= L there itself (the producer notes each tile's valid tokens in
+// tile_valid[s]): WG0's tail zeroing runs concurrently. Registers: WG0 152, WG1/WG2 176.
 //
 // Code: mla_splitkv_ws_body (barrier setup, role dispatch, the fused combine's step 2) runs
 // ws_softmax_warpgroup in WG0 (per piece ws_load_q; per tile ws_issue_s, ws_wait_s, ws_softmax,
@@ -132,6 +143,8 @@ constexpr int kBarPV = 2;
 // Named barrier of WG0 and the producer's warp (160 threads): the CTA's first Q is loaded.
 constexpr int kBarFirstQ = 3;
 constexpr int kFirstQThreads = 128 + 32;
+// e4m3: P V warpgroup 1 / 2's V^T of a tile is written (barriers 4 and 5, 128 threads each).
+constexpr int kBarVt = 4;
 
 // Row r (h: which of the thread's two accumulator rows) of this thread's O columns, cast to the
 // output dtype, into out. 32-bit element offsets (here and in the P V epilogue): < 2^31 for every
@@ -139,7 +152,7 @@ constexpr int kFirstQThreads = 128 + 32;
 template <typename Cfg, typename TensorO>
 __device__ __forceinline__ void ws_store_out_row(const DecodeParams& p, const TensorO& tOrO, int bi, int r, int h,
                                                  int col_base) {
-  using Element = typename Cfg::Element;
+  using Element = typename Cfg::OutElement;
   constexpr int DV = Cfg::HEAD_DIM_V;
   const auto [s, head] = query_row(p, (int)blockIdx.y, r);
   Element* o = reinterpret_cast<Element*>(p.out) + (((bi * p.s_q + s) * p.h_q + head) * DV + col_base);
@@ -188,7 +201,7 @@ __device__ __forceinline__ void ws_count_split(const DecodeParams& p, const Piec
 template <typename Cfg>
 __device__ __forceinline__ void ws_combine_batch(const DecodeParams& p, int bi, int first, int nsplit, float* wts,
                                                  int tid) {
-  using Element = typename Cfg::Element;
+  using Element = typename Cfg::OutElement;  // of out
   constexpr int DV = Cfg::HEAD_DIM_V, BM = Cfg::BLOCK_M, NT = Cfg::NUM_THREADS;
   constexpr int kMaxSplits = int(Cfg::kTileBytes) * Cfg::NUM_STAGES / (BM * 4);  // wts fits the KV stages
   const int g = blockIdx.y, row_base = blockIdx.z * BM;
@@ -282,7 +295,7 @@ __device__ __forceinline__ void ws_combine_batch(const DecodeParams& p, int bi, 
 // the combine kernel for them. 128 threads (tid_wg).
 template <typename Cfg>
 __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, int tid_wg, int g, int m_block) {
-  using Element = typename Cfg::Element;
+  using Element = typename Cfg::OutElement;
   constexpr int DV = Cfg::HEAD_DIM_V, BM = Cfg::BLOCK_M;
   constexpr int kChunks = DV / 8;  // 16-byte chunks per row
   for (int bi = blockIdx.x; bi < p.b; bi += gridDim.x) {
@@ -311,6 +324,8 @@ template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_>;
   using Element = Element_;
+  using OutElement = typename Tiles::OutElement;
+  static constexpr bool kFp8 = Tiles::kFp8;
   static constexpr int HEAD_DIM = HEAD_DIM_;
   static constexpr int HEAD_DIM_V = HEAD_DIM_V_;
   static constexpr int BLOCK_M = BLOCK_M_;
@@ -331,15 +346,21 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // stage that its end starts, begin before S(n) ends (WG0 waited ~11% of its time for a tile's
   // bytes). Interleaved against one group (H200): 0.945-0.977x the time on the h_q = 128, s_q = 2
   // rows at 18, 27 and 31, the s_q = 1 rows within their noise.
-  static constexpr int kSFirstGroupK = S_FIRST_GROUP_K_;
+  // e4m3: 10 of the 18 (d = 576) or 16 k-steps, about the same share of S.
+  static constexpr int kSFirstGroupK = kFp8 ? 10 : S_FIRST_GROUP_K_;
 
   // Per-thread registers after setmaxnreg: WG0 (Q fragment + S) and the P V warpgroups (O half).
   // kRegsS + 2 * kRegsPV <= 3 * 168 (the launch allocation); see the header comment.
-  static constexpr int kRegsS = 184;
-  static constexpr int kRegsPV = 160;
-  static_assert(kRegsS + 2 * kRegsPV <= 3 * 168 && kRegsS % 8 == 0 && kRegsPV % 8 == 0, "setmaxnreg");
+  // e4m3: WG0 holds Q in 72 registers (S at R24..R55, Q above: 152 fit), and the P V warpgroups
+  // transpose V besides holding O (168 spilled a word in the unfused kernel).
+  static constexpr int kRegsS = kFp8 ? 152 : 184;
+  static constexpr int kRegsPV = kFp8 ? 176 : 160;
+  static constexpr int kLaunchRegs = 168;  // 65536 / 384, rounded down to 8: __launch_bounds__(384, 1)
+  // Every warpgroup's count after its role (the fused combine's step 2): equal, and at most 168.
+  static constexpr int kRegsAfter = kRegsPV < kLaunchRegs ? kRegsPV : kLaunchRegs;
+  static_assert(kRegsS + 2 * kRegsPV <= 3 * kLaunchRegs && kRegsS % 8 == 0 && kRegsPV % 8 == 0, "setmaxnreg");
 
-  static_assert(HEAD_DIM_V == 512, "Q[:, :DV - 16] in registers (124 regs / thread), two O halves of 256");
+  static_assert(HEAD_DIM_V == 512, "Q[:, :DV - 16] (or all of e4m3 Q) in registers, two O halves of 256");
   static_assert(HEAD_DIM == HEAD_DIM_V || HEAD_DIM == HEAD_DIM_V + 64, "rope part: none or 64 columns");
   static_assert(NUM_STAGES >= 2, "stages");
 
@@ -347,15 +368,17 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // wgmma accumulator of a warpgroup sits at R24 upwards and ptxas needs its highest register
   // + 3 <= the setmaxnreg count, so S (32) + Q (124) fit kRegsS = 184 and 128 would not.
   // Q[:, kQRegCols:DV] (16 columns, SW32 tile) and the rope columns stay in smem (SS wgmma).
-  static constexpr int kQRegCols = HEAD_DIM_V - 16;
-  // d > dv: P goes into the rope columns of its stage's K tile; Q's rope part is kept in smem.
+  // e4m3: all of Q is 72 registers (18 k-steps of 32 columns), so S is register-A wgmma alone.
+  static constexpr int kQRegCols = kFp8 ? HEAD_DIM : HEAD_DIM_V - 16;
+  // d > dv: P goes into the rope columns of its stage's K tile; 16-bit Q's rope part is in smem.
   static constexpr bool kPInRope = HEAD_DIM > HEAD_DIM_V;
-  // aux: Q rope (BLOCK_M x 64) when kPInRope, else one P tile (BLOCK_M x BLOCK_N) per stage.
-  static constexpr int kAuxElems = kPInRope ? BLOCK_M * 64 : NUM_STAGES * BLOCK_M * BLOCK_N;
+  // aux: 16-bit Q rope (BLOCK_M x 64) when kPInRope, else one P tile (BLOCK_M x BLOCK_N) per stage.
+  static constexpr int kAuxElems = kPInRope ? (kFp8 ? 16 : BLOCK_M * 64) : NUM_STAGES * BLOCK_M * BLOCK_N;
 
-  // Q[:, kQRegCols:DV]: 64 x 16, K-major with the 32B swizzle.
+  // Q[:, kQRegCols:DV]: 64 x 16, K-major with the 32B swizzle (16-bit only; a 32-column e4m3
+  // atom stands in for the unused type).
   using SmemLayoutQ16 = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW32_Atom<Element>{},
-                                                     cute::Shape<cute::Int<BLOCK_M>, cute::Int<16>>{}));
+                                                     cute::Shape<cute::Int<BLOCK_M>, cute::Int<kFp8 ? 32 : 16>>{}));
 
   // S, register part: A = Q[:, :kQRegCols] from registers, B = K from smem.
   using TiledMmaSRs = decltype(cute::make_tiled_mma(
@@ -369,10 +392,18 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   struct SharedStorage {
     alignas(1024) Element kv[NUM_STAGES][BLOCK_N * HEAD_DIM];
     alignas(1024) Element aux[kAuxElems];
-    alignas(256) Element q16[BLOCK_M * 16];  // Q[:, kQRegCols:DV]
+    alignas(256) Element q16[kFp8 ? 16 : BLOCK_M * 16];  // Q[:, kQRegCols:DV] (16-bit)
+    // e4m3: V^T of the two halves, double-buffered by tile parity (ws_transpose_v_half). At the
+    // end of q16, which ends 1024-aligned: 2 bytes for the 16-bit kernels, which have no slack.
+    alignas(1024) Element vt[kFp8 ? 2 * HEAD_DIM_V * BLOCK_N : 1];
     // O rescale of the tile in stage s: exp2(m_old - m_new), times 1/l at the last tile of a piece
-    // (whose P is scaled by 1/l as well, so the P V warpgroups store O as it is).
-    float row_scale[NUM_STAGES][BLOCK_M];
+    // (whose P is scaled by 1/l as well, so the P V warpgroups store O as it is). e4m3: P stays
+    // unnormalized (P / l would fall below e4m3's range), and [BLOCK_M + row] holds the factor O
+    // gets after a piece's last tile: 1/l times the cache's descale.
+    float row_scale[NUM_STAGES][kFp8 ? 2 * BLOCK_M : BLOCK_M];
+    // e4m3: tokens of the tile in stage s that are < L (set by the producer with the TMA): the P V
+    // warpgroups zero the others' V while transposing.
+    int tile_valid[kFp8 ? NUM_STAGES : 1];
     detail::WsTileInfo info[NUM_STAGES];
     // TMA producer state, touched by thread 128 only: in smem so that it costs no registers in the
     // (register-bound) P V warpgroup.
@@ -429,11 +460,16 @@ __device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, const int* 
     }
   };
 
+  // Before the TMA's arrive: WG1/WG2 read it once full[stage] completes.
+  auto note_valid = [&] {
+    if constexpr (Cfg::kFp8) ss.tile_valid[stage] = min(BN, prod.L - prod.tok);
+  };
   // Block-table reads first: their latency overlaps the wait for the stage.
   if constexpr (Cfg::kPagesPerTile == 1) {
     const int page = prod.tok / Cfg::PAGE_SIZE;
     const int row = bt[page] * Cfg::PAGE_SIZE + (prod.tok % Cfg::PAGE_SIZE);
     if (n >= NS) mbarrier_wait(&ss.pv_done[stage], (n / NS - 1) & 1);
+    note_valid();
     mbarrier_arrive_expect_tx(&ss.full[stage], Cfg::kTileBytes);
 #pragma unroll
     for (int c = 0; c < Cfg::kColChunks; ++c) load_chunk(c, dst + c * BN * Cfg::kBoxCols, c * Cfg::kBoxCols, row);
@@ -446,6 +482,7 @@ __device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, const int* 
     // The block-table reads follow the wait here: kept in registers across it, the page rows
     // spill in this (register-bound) P V warpgroup at small page sizes.
     if (n >= NS) mbarrier_wait(&ss.pv_done[stage], (n / NS - 1) & 1);
+    note_valid();
     mbarrier_arrive_expect_tx(&ss.full[stage], npages * Cfg::kPageBytes);
 #pragma unroll 1
     for (int j = 0; j < npages; ++j) {
@@ -496,7 +533,9 @@ struct WsSoftmaxState {
   // registers per k-step. Register i (elements 2i, 2i+1) holds row row0 + 8*(i&1), columns
   // 16*(i/4) + col_lane + 8*((i>>1)&1) + {0,1}: the PTX wgmma A-fragment layout (CuTe's
   // ALayout_64x16; checked against partition_A of an identity tensor on the host).
-  static_assert(cute::is_same_v<typename TiledMmaSRs::Atom::Traits::ALayout, cute::GMMA::ALayout_64x16>,
+  // e4m3 (k32 steps, 4 elements a register): the same bytes per register (CuTe's ALayout_64x32).
+  static_assert(cute::is_same_v<typename TiledMmaSRs::Atom::Traits::ALayout,
+                                cute::conditional_t<Cfg::kFp8, cute::GMMA::ALayout_64x32, cute::GMMA::ALayout_64x16>>,
                 "Q register fragment layout");
   using FragQ = decltype(cute::make_tensor<Element>(
       cute::partition_shape_A(TiledMmaSRs{}, cute::Shape<cute::Int<BM>, cute::Int<kQRegCols>>{})));
@@ -549,7 +588,8 @@ __device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::S
   using Element = typename Cfg::Element;
   constexpr int BM = Cfg::BLOCK_M, DV = Cfg::HEAD_DIM_V, kQRegCols = Cfg::kQRegCols;
   auto tSrQ32 = st.q32();
-  static_assert(decltype(cute::size(tSrQ32))::value == BM * kQRegCols / 2 / 128, "Q fragment");
+  static_assert(decltype(cute::size(tSrQ32))::value == BM * kQRegCols * int(sizeof(Element)) / 4 / 128,
+                "Q fragment");
   const int tw = ws_opaque(threadIdx.x % 128);
   const int row0 = ws_row0(tw);
   const int m_block = blockIdx.z, g = blockIdx.y;
@@ -563,15 +603,16 @@ __device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::S
   // Q[:, kQRegCols:DV] -> q16 (64 rows x 2 chunks of 16 B: one chunk per thread), SW32:
   // chunk index c ^ ((r / 4) % 2) (CuTe's Layout_K_SW32_Atom, SmemLayoutQ16; checked against
   // CuTe on the host).
-  // Q[:, DV:D] (kPInRope) -> aux, SW128: BM * 8 / 128 chunks per thread.
-  {
+  // Q[:, DV:D] (kPInRope) -> aux, SW128: BM * 8 / 128 chunks per thread. (e4m3: none, all of
+  // Q goes to registers.)
+  if constexpr (!Cfg::kFp8) {
     const int lr = tw / 2, c = tw % 2;
     const int r = m_block * BM + lr;
     const auto [s, head] = query_row(p, g, r);
     cp_async_16(smem_addr(ss.q16) + lr * 32 + ((c ^ ((lr / 4) % 2)) << 4),
                 r < p.rows ? qb + s * p.q_stride_s + head * p.q_stride_h + kQRegCols + c * 8 : qb, r < p.rows);
   }
-  if constexpr (Cfg::kPInRope) {
+  if constexpr (Cfg::kPInRope && !Cfg::kFp8) {
     static_assert(BM * 8 % 128 == 0, "rope chunks per thread");
 #pragma unroll
     for (int i = 0; i < BM * 8 / 128; ++i) {
@@ -589,20 +630,23 @@ __device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::S
   // transpose over the quad gives every lane its own words. Scattered 4-byte loads took
   // 2.4-4 us for a 64-row Q (clock trace, H200). The chunks past the last whole group (2 of
   // 62) are loaded word by word: a padded group would cost the 4 registers WG0 lacks.
-  constexpr int kQGroups = kQRegCols / 32;
-  constexpr int kQTailChunks = kQRegCols / 8 - 4 * kQGroups;
-  static_assert(kQRegCols % 16 == 0, "whole k16 steps");
+  // The A fragment's byte layout is the same for e4m3 (k32 steps) as for 16-bit (k16 steps), so
+  // all of this counts 16-byte chunks of kE elements.
+  constexpr int kE = 16 / int(sizeof(Element));
+  constexpr int kQGroups = kQRegCols / (4 * kE);
+  constexpr int kQTailChunks = kQRegCols / kE - 4 * kQGroups;
+  static_assert(kQRegCols * int(sizeof(Element)) % 32 == 0, "whole wgmma k-steps (32 bytes)");
   const int tq = tw % 4;
   uint32_t qx[2][kQGroups][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = m_block * BM + row0 + 8 * h;
     const auto [s, head] = query_row(p, g, r);
-    const Element* qrow = qb + s * p.q_stride_s + head * p.q_stride_h + tq * 8;
+    const Element* qrow = qb + s * p.q_stride_s + head * p.q_stride_h + tq * kE;
 #pragma unroll
     for (int j = 0; j < kQGroups; ++j) {
       uint4 v = make_uint4(0u, 0u, 0u, 0u);  // padded rows are zero: no NaN from garbage
-      if (r < p.rows) v = __ldg(reinterpret_cast<const uint4*>(qrow + j * 32));
+      if (r < p.rows) v = __ldg(reinterpret_cast<const uint4*>(qrow + j * 4 * kE));
       qx[h][j][0] = v.x;
       qx[h][j][1] = v.y;
       qx[h][j][2] = v.z;
@@ -611,7 +655,7 @@ __device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::S
 #pragma unroll
     for (int w = 0; w < kQTailChunks; ++w) {
       uint32_t v = 0u;
-      if (r < p.rows) v = __ldg(reinterpret_cast<const uint32_t*>(qrow - tq * 8 + (4 * kQGroups + w) * 8 + 2 * tq));
+      if (r < p.rows) v = __ldg(reinterpret_cast<const uint32_t*>(qrow + (4 * kQGroups + w - tq) * kE + kE / 4 * tq));
       tSrQ32(8 * kQGroups + h + 2 * w) = v;
     }
   }
@@ -674,7 +718,11 @@ __device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSo
     // Tail tile: rows >= L were not loaded (other pages) or hold data past the sequence
     // end (possibly NaN). Zero them (all columns: WG1/WG2 read the V part) so that neither
     // S nor P V can pick up NaN.
-    zero_rows_from<BN, D>(smem_addr(kv), st.cur.L - st.cur.tok, tw);
+    if constexpr (Cfg::kFp8) {
+      zero_chunk_rows_from<BN, Cfg::kColChunks, Cfg::kChunkRowBytes>(smem_addr(kv), st.cur.L - st.cur.tok, tw);
+    } else {
+      zero_rows_from<BN, D>(smem_addr(kv), st.cur.L - st.cur.tok, tw);
+    }
     fence_proxy_async_shared();
     named_barrier_sync(kBarWG0, 128);
   }
@@ -687,7 +735,7 @@ __device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSo
   Tensor tSsK = thr_ss.partition_fragment_B(sK);  // same descriptors, SS atom
   Tensor sQ16 = make_tensor(make_smem_ptr(ss.q16), typename Cfg::SmemLayoutQ16{});
   Tensor tSrQ16 = thr_ss.partition_fragment_A(sQ16);  // (MMA, 1, 1)
-  constexpr int kRegK = Cfg::kQRegCols / 16;
+  constexpr int kRegK = Cfg::kQRegCols * int(sizeof(Element)) / 32;  // register k-steps (32 bytes each)
   warpgroup_fence_operand(tSrQ32);
   warpgroup_fence_operand(tSrS);
   warpgroup_arrive();
@@ -700,8 +748,8 @@ __device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSo
     if (Cfg::kSFirstGroupK > 0 && k + 1 == Cfg::kSFirstGroupK) warpgroup_commit_batch();
   }
   mma_ss.accumulate_ = GMMA::ScaleOut::One;
-  gemm(mma_ss, tSrQ16(_, _, 0), tSsK(_, _, kRegK), tSrS);
-  if constexpr (Cfg::kPInRope) {
+  if constexpr (!Cfg::kFp8) gemm(mma_ss, tSrQ16(_, _, 0), tSsK(_, _, kRegK), tSrS);
+  if constexpr (Cfg::kPInRope && !Cfg::kFp8) {
     Tensor sQr = make_tensor(make_smem_ptr(ss.aux), typename Cfg::SmemLayoutSlab{});
     Tensor tSrQr = thr_ss.partition_fragment_A(sQr);  // (MMA, 1, 4)
 #pragma unroll
@@ -738,7 +786,7 @@ __device__ __forceinline__ void ws_wait_s(typename Cfg::SharedStorage& ss, WsSof
 // max and sum move, sc gets the O rescale of the tile for the thread's two rows.
 template <typename Cfg>
 __device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState<Cfg>& st, int row0, int col_lane,
-                                           float (&sc)[2]) {
+                                           float (&sc)[2], float scale_log2) {
   constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N;
   const int m_block = blockIdx.z;
   WsCursor& cur = st.cur;
@@ -758,22 +806,24 @@ __device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState
   // competed with this softmax for issue slots).
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float mx = row_max(st.tSrS, h) * p.scale_log2;
+    const float mx = row_max(st.tSrS, h) * scale_log2;
     // -inf + 8 is -inf: a row's first visible key always moves it; an all-masked tile never.
     const bool move = mx > st.m_run[h] + kLazyRescaleLog2;
     const float m_new = move ? mx : st.m_run[h];
     const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
     sc[h] = move ? ex2_approx(st.m_run[h] - m_use) : 1.f;
     st.m_run[h] = m_new;
-    const float sum = exp2_row(st.tSrS, h, p.scale_log2, m_use);
+    const float sum = exp2_row(st.tSrS, h, scale_log2, m_use);
     st.l_run[h] = st.l_run[h] * sc[h] + sum;
   }
 }
 
 // Piece end (the piece's last tile): l and the rows' lse2 (log2 units, -inf for a row without
-// keys); P and the O rescale of this tile are scaled by 1/l, so O comes out normalized.
+// keys); P and the O rescale of this tile are scaled by 1/l, so O comes out normalized. e4m3: P
+// stays as it is and fin gets 1/l times v_scale (the cache's descale), which O gets after P V.
 template <typename Cfg>
-__device__ __forceinline__ void ws_finish_rows(WsSoftmaxState<Cfg>& st, float (&sc)[2], float (&lse2)[2]) {
+__device__ __forceinline__ void ws_finish_rows(WsSoftmaxState<Cfg>& st, float (&sc)[2], float (&lse2)[2],
+                                               float (&fin)[2], float v_scale) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = st.l_run[h];
@@ -781,9 +831,13 @@ __device__ __forceinline__ void ws_finish_rows(WsSoftmaxState<Cfg>& st, float (&
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const float inv_l = l > 0.f ? rcp_approx(l) : 0.f;
     lse2[h] = l > 0.f ? st.m_run[h] + lg2_approx(l) : -kInf;
-    // In place (no second copy of P in registers: WG0 has none to spare).
-    sc[h] *= inv_l;
-    scale_row(st.tSrS, h, inv_l);
+    if constexpr (Cfg::kFp8) {
+      fin[h] = inv_l * v_scale;
+    } else {
+      // In place (no second copy of P in registers: WG0 has none to spare).
+      sc[h] *= inv_l;
+      scale_row(st.tSrS, h, inv_l);
+    }
   }
 }
 
@@ -791,7 +845,7 @@ __device__ __forceinline__ void ws_finish_rows(WsSoftmaxState<Cfg>& st, float (&
 // published here (ws_wait_s of the next tile, or ws_publish_p at a piece's last tile).
 template <typename Cfg>
 __device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSoftmaxState<Cfg>& st, int tw, int row0,
-                                           int stage, const float (&sc)[2], bool last) {
+                                           int stage, const float (&sc)[2], const float (&fin)[2], bool last) {
   using Element = typename Cfg::Element;
   constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
   Element* kv = ss.kv[stage];
@@ -802,10 +856,17 @@ __device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSo
   } else {
     pbuf = ss.aux + stage * (BM * BN);
   }
-  store_acc_sw128_stsm<Element, 64>(smem_addr(pbuf), tw, st.tSrS);
+  if constexpr (Cfg::kFp8) {
+    store_p_e4m3_sw64(smem_addr(pbuf), tw, st.tSrS);
+  } else {
+    store_acc_sw128_stsm<Element, 64>(smem_addr(pbuf), tw, st.tSrS);
+  }
   if ((tw & 3) == 0) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) ss.row_scale[stage][row0 + 8 * h] = sc[h];
+    for (int h = 0; h < 2; ++h) {
+      ss.row_scale[stage][row0 + 8 * h] = sc[h];
+      if (Cfg::kFp8 && last) ss.row_scale[stage][BM + row0 + 8 * h] = fin[h];
+    }
   }
   if (tw == 0) {
     WsTileInfo info;
@@ -848,12 +909,19 @@ template <typename Cfg>
 __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, const int* seqlens,
                                                      typename Cfg::SharedStorage& ss) {
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
-  setmaxnreg_inc<Cfg::kRegsS>();
+  setmaxnreg_move<Cfg::kLaunchRegs, Cfg::kRegsS>();
 
   WsSoftmaxState<Cfg> st;
   ws_seek_first_piece<Cfg>(p, seqlens, st);
 
   if (!st.cur.valid()) named_barrier_arrive(kBarFirstQ, kFirstQThreads);  // no work: free the producer
+  // e4m3: the per-tensor descales of q and the cache, read on the GPU (capturable calls): S's
+  // scale takes both, O the cache's (V's) after each piece.
+  float fp8_scale_log2 = 0.f, fp8_v_scale = 0.f;
+  if constexpr (Cfg::kFp8) {
+    fp8_v_scale = __ldg(p.descale_k);
+    fp8_scale_log2 = p.scale_log2 * __ldg(p.descale_q) * fp8_v_scale;
+  }
   int unpublished = -1;  // stage whose P is stored but not yet published (ws_wait_s of the next tile does)
   bool piece_start = true;
   // Per tile: S(n) is issued first, and the loop's bookkeeping comes after the wait for it (off
@@ -870,11 +938,11 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, cons
 
     ws_wait_s<Cfg>(ss, st, tw, unpublished);
     float sc[2];  // O rescale of this tile
-    ws_softmax<Cfg>(p, st, row0, col_lane, sc);
+    ws_softmax<Cfg>(p, st, row0, col_lane, sc, Cfg::kFp8 ? fp8_scale_log2 : p.scale_log2);
     const bool last = st.cur.tok + BN >= st.cur.stop;
-    float lse2[2] = {-kInf, -kInf};
-    if (last) ws_finish_rows<Cfg>(st, sc, lse2);
-    ws_store_p<Cfg>(ss, st, tw, row0, stage, sc, last);
+    float lse2[2] = {-kInf, -kInf}, fin[2];
+    if (last) ws_finish_rows<Cfg>(st, sc, lse2, fin, fp8_v_scale);
+    ws_store_p<Cfg>(ss, st, tw, row0, stage, sc, fin, last);
 
     if constexpr (Cfg::kFusedCombine) {
       if (last && (tw & 3) == 0) ws_store_lse<Cfg>(p, st, row0, lse2);
@@ -896,7 +964,7 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, cons
   }
   if (threadIdx.x == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceWg0Done);
   // The code after the role branches runs in every warp: give it one register budget.
-  setmaxnreg_dec<Cfg::kRegsPV>();
+  setmaxnreg_move<Cfg::kRegsS, Cfg::kRegsAfter>();
 }
 
 // =============== WG1 / WG2: O[:, half] += P V[:, half]; thread 128: TMA producer ===============
@@ -919,14 +987,30 @@ __device__ __forceinline__ int ws_count_tiles(const DecodeParams& p, const int* 
 // its P, O *= the rows' rescale (skipped where it is 1), O (+)= P V[:, half] (fresh: the piece's
 // first tile, O = P V), then release the stage to the producer(s) of the cluster. Returns the
 // tile's info (read before the release).
+// e4m3: first, as soon as the tile has landed (WG0 is still on S), the warpgroup transposes its V
+// half into its V^T buffer (vt_buf: the tile's parity; the buffer's previous reader, P V two
+// tiles back, was waited by every warp before the named barrier of the tile in between); after
+// P V, a piece's last tile multiplies O by the rows' final factor (1/l times the descale).
 template <typename Cfg, typename TiledMmaO, typename FragO>
 __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss, TiledMmaO& mma_o, FragO& tOrO,
                                                  int stage, uint32_t phase, bool fresh, int half, int tid_wg,
-                                                 int lane, int row0) {
+                                                 int lane, int row0, int vt_buf) {
   using Element = typename Cfg::Element;
   constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
-  mbarrier_wait(&ss.p_full[stage], phase);
-  mbarrier_wait(&ss.full[stage], phase);  // complete already (WG0 waited it): TMA bytes visible
+  Element* kv = ss.kv[stage];
+  Element* v_half;
+  if constexpr (Cfg::kFp8) {
+    v_half = ss.vt + (vt_buf * 2 + half) * (DV / 2 * BN);
+    mbarrier_wait(&ss.full[stage], phase);
+    transpose_v_half_e4m3<BN>(smem_addr(kv + half * (DV / 2) * BN), smem_addr(v_half), ss.tile_valid[stage], tid_wg);
+    fence_proxy_async_shared();  // read by wgmma (async proxy)
+    named_barrier_sync(kBarVt + half, 128);
+    mbarrier_wait(&ss.p_full[stage], phase);
+  } else {
+    v_half = kv + half * (DV / 2) * BN;
+    mbarrier_wait(&ss.p_full[stage], phase);
+    mbarrier_wait(&ss.full[stage], phase);  // complete already (WG0 waited it): TMA bytes visible
+  }
   const float sc0 = ss.row_scale[stage][row0], sc1 = ss.row_scale[stage][row0 + 8];
   // Lazy rescaling makes the scale exactly 1 on most tiles; a piece's first tile overwrites O.
   if (!fresh && __any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
@@ -934,19 +1018,25 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
     for (int i = 0; i < cute::size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? sc1 : sc0;
   }
 
-  Element* kv = ss.kv[stage];
   Element* pbuf;
   if constexpr (Cfg::kPInRope) {
     pbuf = kv + DV * BN;
   } else {
     pbuf = ss.aux + stage * (BM * BN);
   }
-  issue_pv_half<Cfg>(mma_o, tid_wg, pbuf, kv + half * (DV / 2) * BN, tOrO, fresh);
+  issue_pv_half<Cfg>(mma_o, tid_wg, pbuf, v_half, tOrO, fresh);
 
   cute::warpgroup_wait<0>();
   cute::warpgroup_fence_operand(tOrO);
   // Read the rest of stage s's slots before releasing the stage.
   const WsTileInfo info = ss.info[stage];
+  if constexpr (Cfg::kFp8) {
+    if (info.last) {
+      const float f0 = ss.row_scale[stage][BM + row0], f1 = ss.row_scale[stage][BM + row0 + 8];
+#pragma unroll
+      for (int i = 0; i < cute::size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
+    }
+  }
   __syncwarp();
   if constexpr (Cfg::CLUSTER_M == 1) {
     if (lane == 0) mbarrier_arrive(&ss.pv_done[stage]);
@@ -1000,7 +1090,7 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const int
   // setmaxnreg first: WG0's setmaxnreg.inc waits for these registers, and with it the CTA's
   // first Q (the tile count below walks the CTA's batches, a chain of dependent loads).
   __syncwarp();  // setmaxnreg is .aligned
-  setmaxnreg_dec<Cfg::kRegsPV>();
+  setmaxnreg_move<Cfg::kLaunchRegs, Cfg::kRegsPV>();
   const bool is_producer = tid == 128;
   const int half = wg - 1;
   const int tid_wg = tid % 128;
@@ -1047,7 +1137,7 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const int
     // H200) needs the head start.
     if (is_producer && n > 0 && ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
     __syncwarp();  // lane 0 of warp 4 may have diverged into the producer path
-    const WsTileInfo info = ws_pv_tile<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tid_wg, lane, row0);
+    const WsTileInfo info = ws_pv_tile<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tid_wg, lane, row0, n & 1);
     if (info.last) ws_store_o<Cfg>(p, ss, tOrO, info, half, row0, col_lane, tid);
     fresh = info.last;
     if (++stage == NS) {
@@ -1056,6 +1146,8 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const int
     }
   }
   if (tid_wg == 0) MLA_JIT_TRACE_LATEST(mla_jit_trace_splitkv, kTracePvDone);  // WG1's or WG2's, later
+  __syncwarp();
+  setmaxnreg_move<Cfg::kRegsPV, Cfg::kRegsAfter>();
 }
 
 }  // namespace detail
