@@ -13,9 +13,10 @@ and prints the ratio: the way to compare two kernels (clocks drift between runs 
 MLA_JIT_SM90_DECODE_SCHEDULE=ws_unfused), the first variant keeping the variable as the process has it.
 --against-package NAME does the same for another copy of the package importable as NAME (e.g. the
 previous commit's mla_jit extracted as mla_jit_prev: scripts/gpu_run.sh PREV=<commit>), host times too.
---fp8 times our bf16 decode and our FP8 decode (the same values quantized to e4m3 with per-tensor
-scales, flash_mla_with_kvcache_fp8) interleaved call by call, on the anchor rows and the s_q 1-16 rows
-of --spec-rows, with the ratio bf16 us / FP8 us; GB/s counts 1-byte q and cache (out is bf16).
+--fp8 times our bf16 decode, our FP8 decode (the same values quantized to e4m3 with per-tensor
+scales, flash_mla_with_kvcache_fp8) and our bf16 q over that e4m3 cache ("kv8", de-quantized on
+chip) interleaved call by call, on the anchor rows and the s_q 1-16 rows of --spec-rows, with the
+ratios bf16 us / FP8 us and bf16 us / kv8 us; GB/s counts 1-byte q and cache (out is bf16).
 """
 from __future__ import annotations
 
@@ -151,27 +152,32 @@ def spec_rows(flush: torch.Tensor, json_path: str | None) -> None:
 
 
 def fp8_rows(flush: torch.Tensor, json_path: str | None, anchor_rows: int) -> None:
-    """Our bf16 decode and our FP8 decode on the same inputs (the FP8 ones quantized from the bf16
-    ones), interleaved call by call: the anchor rows, then SPEC_SHAPES."""
+    """Our bf16 decode, our FP8 decode (e4m3 q and cache) and our bf16 q over the e4m3 cache, on the
+    same inputs (the FP8 ones quantized from the bf16 ones), interleaved call by call: the anchor
+    rows, then SPEC_SHAPES. TFLOPS and GB/s are the FP8 decode's (1-byte q and cache)."""
     shapes = list(dict.fromkeys([row[:5] for row in ANCHOR_ROWS[:anchor_rows]] + SPEC_SHAPES))
     rows = []
     print(f"{'b':>4} {'sq':>2} {'sk':>6} {'hq':>4} {'c':>1} {'bf16 us':>8} {'fp8 us':>8} {'ratio':>6} "
-          f"{'TFLOPS':>7} {'GB/s':>6}")
+          f"{'TFLOPS':>7} {'GB/s':>6} {'kv8 us':>8} {'ratio':>6}")
     for b, s_q, s_k, h_q, causal in shapes:
         q, k_cache, block_table, lens = make_inputs(b, s_q, s_k, h_q)
         (q8, descale_q), (k8, descale_k) = quantize_e4m3(q), quantize_e4m3(k_cache)
         metadata, num_splits = mla_jit.get_mla_metadata(lens, s_q * h_q // H_KV, H_KV)
-        bf16 = functools.partial(mla_jit.flash_mla_with_kvcache, q, k_cache, block_table, lens, DV, metadata,
-                                 num_splits, causal=bool(causal))
-        fp8 = functools.partial(mla_jit.flash_mla_with_kvcache_fp8, q8, k8, block_table, lens, DV, metadata,
-                                num_splits, causal=bool(causal), descale_q=descale_q, descale_k=descale_k)
-        bf16_us, fp8_us = time_interleaved([(lambda: None, bf16), (lambda: None, fp8)], flush)
+        common = (block_table, lens, DV, metadata, num_splits)
+        bf16 = functools.partial(mla_jit.flash_mla_with_kvcache, q, k_cache, *common, causal=bool(causal))
+        fp8 = functools.partial(mla_jit.flash_mla_with_kvcache_fp8, q8, k8, *common, causal=bool(causal),
+                                descale_q=descale_q, descale_k=descale_k)
+        kv8 = functools.partial(mla_jit.flash_mla_with_kvcache, q, k8, *common, causal=bool(causal),
+                                descale_k=descale_k)
+        bf16_us, fp8_us, kv8_us = time_interleaved([(lambda: None, bf16), (lambda: None, fp8), (lambda: None, kv8)],
+                                                   flush)
         flop, nbytes = flop_and_bytes(b, s_q, h_q, lens, elem_bytes=1)
         rows.append({"b": b, "s_q": s_q, "s_k": s_k, "h_q": h_q, "causal": causal, "bf16_us": bf16_us,
                      "us": fp8_us, "ratio": bf16_us / fp8_us, "tflops": flop / fp8_us / 1e6,
-                     "gbps": nbytes / fp8_us / 1e3})
+                     "gbps": nbytes / fp8_us / 1e3, "kv8_us": kv8_us, "kv8_ratio": bf16_us / kv8_us})
         print(f"{b:>4} {s_q:>2} {s_k:>6} {h_q:>4} {causal:>1} {bf16_us:8.1f} {fp8_us:8.1f} {bf16_us / fp8_us:6.3f} "
-              f"{flop / fp8_us / 1e6:7.0f} {nbytes / fp8_us / 1e3:6.0f}", flush=True)
+              f"{flop / fp8_us / 1e6:7.0f} {nbytes / fp8_us / 1e3:6.0f} {kv8_us:8.1f} {bf16_us / kv8_us:6.3f}",
+              flush=True)
         del q, k_cache, q8, k8, block_table
         torch.cuda.empty_cache()
     if json_path:

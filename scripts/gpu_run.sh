@@ -18,11 +18,14 @@ if [ -z "${SKIP_DECODE_PREWARM:-}" ]; then
 configs=()
 for schedule in ws ws_unfused; do
   for cluster in 1 2; do
-    # dtype,d,page,stages: e4m3 (the FP8 tests' q and cache) runs 4 pipeline stages, bf16 / fp16 3.
-    for shape in bf16,576,64,3 bf16,576,16,3 bf16,576,256,3 fp16,576,64,3 bf16,512,64,3 \
-                 e4m3,576,64,4 e4m3,576,16,4 e4m3,576,256,4 e4m3,512,64,4; do
-      IFS=, read -r dtype d page stages <<<"$shape"
-      configs+=(--config "mla_decode_sm90:dtype=$dtype,head_dim=$d,page_size=$page,head_dim_v=512,block_m=64,block_n=64,num_stages=$stages,schedule=$schedule,cluster_m=$cluster")
+    # dtype,d,page,stages,kv: e4m3 (the FP8 tests' q and cache) runs 4 pipeline stages, bf16 / fp16
+    # 3; kv e4m3: a 16-bit q over an e4m3 cache (2 stages and 2 landing slots).
+    for shape in bf16,576,64,3,None bf16,576,16,3,None bf16,576,256,3,None fp16,576,64,3,None \
+                 bf16,512,64,3,None e4m3,576,64,4,None e4m3,576,16,4,None e4m3,576,256,4,None \
+                 e4m3,512,64,4,None bf16,576,64,2,e4m3 bf16,576,16,2,e4m3 bf16,576,256,2,e4m3 \
+                 bf16,512,64,2,e4m3 fp16,576,64,2,e4m3; do
+      IFS=, read -r dtype d page stages kv <<<"$shape"
+      configs+=(--config "mla_decode_sm90:dtype=$dtype,head_dim=$d,page_size=$page,head_dim_v=512,block_m=64,block_n=64,num_stages=$stages,schedule=$schedule,cluster_m=$cluster,kv_dtype=$kv")
     done
   done
 done

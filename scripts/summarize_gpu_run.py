@@ -43,7 +43,8 @@ def main(out: Path) -> None:
 
 
 def _fp8_summary(out: Path) -> None:
-    """bench_decode.py --fp8: our bf16 and FP8 decode interleaved, per row."""
+    """bench_decode.py --fp8: our bf16 decode, FP8 decode and bf16 q over the FP8 cache (kv8),
+    interleaved, per row."""
     path = out / "fp8_decode.json"
     if not path.exists():
         return
@@ -52,12 +53,16 @@ def _fp8_summary(out: Path) -> None:
     if not rows:
         return
     print(f"FP8 decode ({report['gpu']}): b/s_q/s_k/h_q[c], bf16 us, FP8 us, bf16 / FP8, FP8 TFLOPS and GB/s "
-          "(1-byte q and cache)")
+          "(1-byte q and cache), kv8 us, bf16 / kv8")
     for r in rows:
         shape = f"{r['b']}/{r['s_q']}/{r['s_k']}/{r['h_q']}{'c' if r['causal'] else ''}"
-        print(f"  {shape:18s} {r['bf16_us']:8.1f} {r['us']:8.1f} {r['ratio']:6.3f} {r['tflops']:6.0f} {r['gbps']:6.0f}")
-    ratios = [r["ratio"] for r in rows]
-    print(f"  bf16 / FP8: {min(ratios):.3f}-{max(ratios):.3f} over {len(rows)} rows, geomean {_geomean(ratios):.3f}")
+        print(f"  {shape:18s} {r['bf16_us']:8.1f} {r['us']:8.1f} {r['ratio']:6.3f} {r['tflops']:6.0f} {r['gbps']:6.0f}"
+              f" {r.get('kv8_us', float('nan')):8.1f} {r.get('kv8_ratio', float('nan')):6.3f}")
+    for key, name in (("ratio", "FP8"), ("kv8_ratio", "kv8")):
+        ratios = [r[key] for r in rows if key in r]
+        if ratios:
+            print(f"  bf16 / {name}: {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} rows, "
+                  f"geomean {_geomean(ratios):.3f}")
 
 
 def _prefill_summary(out: Path) -> None:

@@ -25,26 +25,30 @@ def test_num_sm_parts_fills_one_wave():
 def test_every_supported_config_renders():
     family = registry.get("mla_decode_sm90")
     names = set()
-    for dtype, (d, dv), page in itertools.product(("bf16", "fp16"), SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES):
-        for schedule, tail, combine in (("ws", "3, true, 1>", False), ("ws_unfused", "3, false, 1>", True)):
-            cfg = decode_config(dtype, d, dv, page, SM90.tuning, schedule)
+    for dtype, (d, dv), page, kv in itertools.product(("bf16", "fp16"), SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES,
+                                                      (None, "e4m3")):
+        for schedule, tail, combine in (("ws", "true, 1", False), ("ws_unfused", "false, 1", True)):
+            cfg = decode_config(dtype, d, dv, page, SM90.tuning, schedule, 1, kv)
             src = family.source(cfg, SM90)
             assert f"SplitKVWsConfig<cutlass::{'bfloat16_t' if dtype == 'bf16' else 'half_t'}, {d}, {dv}," in src.source
-            assert f"{page}, 64, 64, {tail}" in src.source
+            # 3 stages, or 2 (and 2 landing slots) over an e4m3 cache
+            assert f"{page}, 64, 64, {2 if kv else 3}, {tail}, {'true' if kv else 'false'}>" in src.source
             # The fused-combine kernel ships without the combine kernel.
             assert ("mla_jit_decode_combine(" in src.source) == combine
             assert family.entry_points(cfg)[1:] == (("mla_jit_decode_combine",) if combine else ())
             names.add(src.name)
-    assert len(names) == 2 * 2 * len(SUPPORTED_HEAD_DIMS) * len(SUPPORTED_PAGE_SIZES)
+    assert len(names) == 2 * 2 * 2 * len(SUPPORTED_HEAD_DIMS) * len(SUPPORTED_PAGE_SIZES)
     assert decode_config("bf16", 576, 512, 64, SM90.tuning).schedule == "ws"  # the default
+    assert decode_config("bf16", 576, 512, 64, SM90.tuning, kv_dtype="bf16").kv_dtype is None  # q's own: None
     clustered = decode_config("bf16", 576, 512, 64, SM90.tuning, "ws", 2)
-    assert "64, 64, 3, true, 2>" in family.source(clustered, SM90).source and clustered.cluster == (1, 1, 2)
+    assert "64, 64, 3, true, 2, false>" in family.source(clustered, SM90).source and clustered.cluster == (1, 1, 2)
     assert decode_config("bf16", 576, 512, 64, SM90.tuning, "ws").cluster is None
 
 
 @pytest.mark.parametrize("field,value,match", [("schedule", "baseline", "schedule"), ("cluster_m", 4, "cluster_m"),
                                                ("page_size", 48, "page_size"), ("head_dim_v", 128, "head_dim"),
-                                               ("num_stages", 2, "num_stages"), ("dtype", "fp32", "dtype")])
+                                               ("num_stages", 2, "num_stages"), ("dtype", "fp32", "dtype"),
+                                               ("kv_dtype", "fp8", "kv_dtype"), ("kv_dtype", "bf16", "kv_dtype")])
 def test_decode_config_rejects_values_no_kernel_serves(field, value, match):
     """A config built by hand or from a prewarm --config spec is checked when constructed."""
     import dataclasses
@@ -114,8 +118,9 @@ def test_prewarm_covers_every_preset():
     cfgs = list(family.prewarm_configs(SM90.tuning, presets.resolve(["deepseek-v3", "deepseek-v2-lite"])))
     # The default "auto" schedule picks the fused or the unfused ws kernel per call: both warmed,
     # each unclustered and in clusters of 2 (128 heads, or 64 at s_q = 2: two row tiles), for a
-    # bf16 and an e4m3 cache.
-    assert cfgs == [decode_config(dtype, 576, 512, 64, SM90.tuning, schedule, cluster_m) for dtype in ("bf16", "e4m3")
+    # bf16, e4m3 q and cache, and bf16 q over an e4m3 cache.
+    assert cfgs == [decode_config(dtype, 576, 512, 64, SM90.tuning, schedule, cluster_m, kv_dtype)
+                    for dtype, kv_dtype in (("bf16", None), ("e4m3", None), ("bf16", "e4m3"))
                     for schedule in ("ws", "ws_unfused") for cluster_m in (1, 2)]
 
 
@@ -176,8 +181,11 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
 @pytest.mark.parametrize("d,page,schedule,cluster_m", [(576, 64, "ws", 1), (512, 16, "ws_unfused", 2),
                                                        (576, 256, "ws_unfused", 1)])
 def test_fp8_decode_kernels_compile_without_spills(d, page, schedule, cluster_m, cache_root, monkeypatch):
+    """e4m3 q and cache, and a 16-bit q over an e4m3 cache (bf16, and fp16 at one shape)."""
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
     _assert_compiles_clean("mla_decode_sm90", decode_config("e4m3", d, 512, page, SM90.tuning, schedule, cluster_m))
+    _assert_compiles_clean("mla_decode_sm90", decode_config("bf16" if page > 16 else "fp16", d, 512, page, SM90.tuning,
+                                                            schedule, cluster_m, "e4m3"))
 
 
 @pytest.mark.slow
@@ -328,7 +336,7 @@ def test_decode_launch_geometry(tuning, override, rows, expect, monkeypatch):
                                                            (7, 6)):
         calls.clear()
         resident[:] = [fits]
-        splitkv, combine, box, plan_row_tiles = runtime._kernels(tuple(q.shape), "bf16", 512, 64, 1, 7,
+        splitkv, combine, box, plan_row_tiles = runtime._kernels(tuple(q.shape), "bf16", "bf16", 512, 64, 1, 7,
                                                                  max_seq_tokens, 576 * 2, arch, 0)
         (sk_args, sk_kw), *combine_calls = calls
         assert sk_args[2] == registry.get(family_name).SPLITKV
@@ -430,9 +438,11 @@ def test_fp8_cache_below_hopper_is_not_available_before_any_kernel(tuning, monke
     import mla_jit
     from mla_jit.runtimes import decode_plan as runtime
     calls = _stub_decode_families(monkeypatch, tuning)
-    with pytest.raises(mla_jit.FeatureNotAvailableError, match="sm_80/sm_86/sm_89") as info:
-        runtime.DecodePlan(*_fp8_decode_inputs(), 512, 1)
-    assert info.value.argument == "k_cache" and calls == [] and runtime._unit_descales == {}
+    q, k_cache, block_table = _fp8_decode_inputs()
+    for q in (q, q.bfloat16()):   # e4m3 q, or bf16 q over the e4m3 cache
+        with pytest.raises(mla_jit.FeatureNotAvailableError, match="sm_80/sm_86/sm_89") as info:
+            runtime.DecodePlan(q, k_cache, block_table, 512, 1)
+        assert info.value.argument == "k_cache" and calls == [] and runtime._unit_descales == {}
 
 
 def test_fp8_plan_packs_the_descale_pointers(monkeypatch):
@@ -465,6 +475,14 @@ def test_fp8_plan_packs_the_descale_pointers(monkeypatch):
         stream, params, kv = plan.splitkv.launches[-1]
         assert DECODE_PARAMS.unpack(params)[-2:] == want and kv == ((64, 1, 64), 64)
         assert out.dtype == torch.bfloat16 and out.shape == (1, 1, 16, 512) and lse.dtype == torch.float32
+    # bf16 q over the e4m3 cache: the bf16 kernel that de-quantizes it (2 stages), the e4m3 box
+    # (64-byte rows), bf16 out; descale_q always the 1.0.
+    over = runtime.DecodePlan(q.bfloat16(), k_cache, block_table, 512, 1)
+    cfg = calls[-1][0][0]
+    assert (cfg.dtype, cfg.kv_dtype, cfg.num_stages, over.out_dtype) == ("bf16", "e4m3", 2, torch.bfloat16)
+    over.run(q.bfloat16(), 0, k_cache, 0, block_table, lens, meta, splits, 0.1, False, None, descale_k)
+    stream, params, kv = over.splitkv.launches[-1]
+    assert DECODE_PARAMS.unpack(params)[-2:] == (over.unit_ptr, descale_k.data_ptr()) and kv == ((64, 1, 64), 64)
     bf16 = runtime.DecodePlan(q.bfloat16(), k_cache.bfloat16(), block_table, 512, 1)
     assert bf16.unit_descale is None and bf16.out_dtype == torch.bfloat16
     bf16.run(q.bfloat16(), 0, k_cache.bfloat16(), 0, block_table, lens, meta, splits, 0.1, False)

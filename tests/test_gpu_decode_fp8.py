@@ -205,8 +205,8 @@ def test_fp8_torch_compile_fullgraph_matches_eager(api):
 
 
 def test_fp8_typed_errors_on_the_gpu(monkeypatch):
-    """A descale on the CPU (q on the GPU), bf16 q with an FP8 cache, and an FP8 cache on the
-    Ampere/Ada family (forced): typed errors naming the argument, before any decode kernel."""
+    """A descale on the CPU (q on the GPU), descale_q with a bf16 q (over the FP8 cache), and an FP8
+    cache on the Ampere/Ada family (forced): typed errors naming the argument, before any decode kernel."""
     case = _fp8(2, 1, 128, 16)
     q8, k8, block_table, lens, descale_q, descale_k = make_fp8_inputs(case)
     metadata, num_splits = mla_jit.get_mla_metadata(lens, 16, 1)
@@ -215,9 +215,9 @@ def test_fp8_typed_errors_on_the_gpu(monkeypatch):
     with pytest.raises(mla_jit.InvalidArgumentError) as info:
         mla_jit.flash_mla_with_kvcache_fp8(*args, descale_q=descale_q.cpu(), descale_k=descale_k)
     assert info.value.argument == "descale_q"
-    with pytest.raises(mla_jit.FeatureNotAvailableError) as info:
-        mla_jit.flash_mla_with_kvcache(q8.to(torch.bfloat16), *args[1:])
-    assert info.value.argument == "q"
+    with pytest.raises(mla_jit.InvalidArgumentError) as info:
+        mla_jit.flash_mla_with_kvcache(q8.to(torch.bfloat16), *args[1:], descale_q=descale_q, descale_k=descale_k)
+    assert info.value.argument == "descale_q"
     monkeypatch.setenv("MLA_JIT_ARCH", "sm_80")
     with pytest.raises(mla_jit.FeatureNotAvailableError, match="sm_80") as info:
         mla_jit.flash_mla_with_kvcache_fp8(*args, descale_q=descale_q, descale_k=descale_k)

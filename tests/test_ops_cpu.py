@@ -319,16 +319,18 @@ def test_fp8_bad_arguments_raise_typed_errors_naming_them(stub_gpu):
     with pytest.raises(mla_jit.InvalidArgumentError, match="meta") as info:
         mla_jit.flash_mla_with_kvcache(**{**good, "descale_q": torch.ones(1, device="meta")})
     assert info.value.argument == "descale_q"
-    # bf16 q on an FP8 cache (de-quantized on chip) is a later step.
-    with pytest.raises(mla_jit.FeatureNotAvailableError, match="FP8 cache") as info:
-        mla_jit.flash_mla_with_kvcache(**{**good, "q": bf16_q, "descale_q": None, "descale_k": None})
-    assert info.value.argument == "q"
+    # A bf16 q over the FP8 cache (de-quantized on chip) takes descale_k only.
+    with pytest.raises(mla_jit.InvalidArgumentError, match="FP8") as info:
+        mla_jit.flash_mla_with_kvcache(**{**good, "q": bf16_q})
+    assert info.value.argument == "descale_q"
+    out, _ = mla_jit.flash_mla_with_kvcache(**{**good, "q": bf16_q, "descale_q": None})
+    assert out.dtype == torch.bfloat16
     with pytest.raises(mla_jit.InvalidArgumentError, match="k_cache"):
         mla_jit.flash_mla_with_kvcache_fp8(bf16_q, bf16_cache, block_table, lens, 512, meta, splits)
     # is_fp8_kvcache keeps FlashMLA's meaning (its sparse records): not available, FP8 tensors or not.
     with pytest.raises(mla_jit.FeatureNotAvailableError, match="is_fp8_kvcache"):
         mla_jit.flash_mla_with_kvcache(**good, is_fp8_kvcache=True)
-    assert len(_FakeDecodePlan.built) == 2   # the good call's, and the 16-byte strides'
+    assert len(_FakeDecodePlan.built) == 3   # the good call's, the 16-byte strides' and the bf16 q's
 
 
 def test_fp8_fake_implementation_returns_bf16_out():

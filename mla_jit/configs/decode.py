@@ -106,11 +106,22 @@ SCHEDULES = ("ws", "ws_unfused")
 # columns (or an 8 KB buffer per stage at d = dv) leave room for 3 stages of 2-byte KV (224 KB at
 # d = 576, 216 KB at d = 512); an e4m3 stage is half the bytes, and 4 of them fit.
 STAGES = {"bf16": 3, "fp16": 3, "e4m3": 4}
+# A 16-bit q over an e4m3 cache: 2 16-bit stages and 2 e4m3 landing slots (the same 221 KB at d = 576).
+KV_FP8_STAGES = 2
+
+
+def stages_for(dtype: str, kv_dtype: str | None = None) -> int:
+    """Pipeline stages of the sm90 kernel for `dtype` q over a `kv_dtype` cache (None: q's dtype)."""
+    return KV_FP8_STAGES if kv_dtype == "e4m3" else STAGES.get(dtype, 3)
 
 
 def out_dtype_of(dtype: str) -> str:
-    """The dtype of out for `dtype` q and cache: their own, except bf16 for e4m3 (vLLM's FP8 decode)."""
+    """The dtype of out for `dtype` q: its own, except bf16 for e4m3 (vLLM's FP8 decode)."""
     return "bf16" if dtype == "e4m3" else dtype
+
+
+# Caches a 16-bit q may read besides its own dtype: e4m3, de-quantized on chip (the accurate FP8 path).
+KV_DTYPES = (None, "e4m3")
 
 
 @dataclass(frozen=True)
@@ -128,6 +139,9 @@ class DecodeConfig:
     # Row tiles per thread block cluster; each KV tile is loaded once per cluster (TMA multicast)
     # instead of once per row tile.
     cluster_m: int = 1
+    # None: the cache has q's dtype. "e4m3" (with a bf16 / fp16 q): the kernel de-quantizes each
+    # KV tile in shared memory and multiplies in q's dtype.
+    kv_dtype: str | None = None
 
     num_threads = 384   # a producer warpgroup, the S/softmax warpgroup, two P V warpgroups
 
@@ -135,10 +149,16 @@ class DecodeConfig:
         # (dtype is checked before num_stages, whose values depend on it.)
         check_fields(self, schedule=SCHEDULES, cluster_m=(1, 2), dtype=tuple(STAGES),
                      head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS), page_size=SUPPORTED_PAGE_SIZES,
-                     block_m=(BLOCK_M,), block_n=(BLOCK_N,), num_stages=(STAGES.get(self.dtype, 3),))
+                     block_m=(BLOCK_M,), block_n=(BLOCK_N,),
+                     num_stages=(stages_for(self.dtype, self.kv_dtype if self.kv_dtype in KV_DTYPES else None),))
         if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
             raise InvalidArgumentError("DecodeConfig.head_dim_v", f"(head_dim, head_dim_v) in {SUPPORTED_HEAD_DIMS}",
                                        f"({self.head_dim}, {self.head_dim_v})")
+        if self.kv_dtype not in KV_DTYPES:
+            raise InvalidArgumentError("DecodeConfig.kv_dtype", f"one of {KV_DTYPES}", repr(self.kv_dtype))
+        if self.kv_dtype is not None and self.dtype not in ("bf16", "fp16"):
+            raise InvalidArgumentError("DecodeConfig.kv_dtype", "None unless dtype is bf16 or fp16",
+                                       f"{self.kv_dtype!r} with dtype {self.dtype!r}")
 
     @property
     def cluster(self) -> tuple[int, int, int] | None:
@@ -200,9 +220,12 @@ def cluster_m_for(row_tiles: int, choice: str = "auto") -> int:
 
 @functools.lru_cache(maxsize=None)
 def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
-                  schedule: str = "ws", cluster_m: int = 1) -> DecodeConfig:
-    return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N, num_stages=STAGES.get(dtype, 3),
-                        schedule=schedule, cluster_m=cluster_m)
+                  schedule: str = "ws", cluster_m: int = 1, kv_dtype: str | None = None) -> DecodeConfig:
+    """kv_dtype: the cache's dtype where it is not q's (`dtype`)."""
+    kv_dtype = None if kv_dtype == dtype else kv_dtype
+    return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N,
+                        num_stages=stages_for(dtype, kv_dtype), schedule=schedule, cluster_m=cluster_m,
+                        kv_dtype=kv_dtype)
 
 
 @functools.lru_cache(maxsize=None)

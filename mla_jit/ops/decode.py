@@ -151,7 +151,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     `tile_scheduler_metadata` is either the tensor pair's first half from get_mla_metadata(...)
     (with `num_splits` the second), or a FlashMLASchedMeta from get_mla_metadata() (`num_splits`
     None). An e4m3 q and cache take per-tensor descales `descale_q` / `descale_k` (float32 (1,) on
-    q's device; None: 1.0), as SGLang passes them: see flash_mla_with_kvcache_fp8. The sparse
+    q's device; None: 1.0), as SGLang passes them: see flash_mla_with_kvcache_fp8. A bf16 / fp16 q
+    over an e4m3 cache (descale_k only) reads the cache de-quantized on chip, out in q's dtype. The sparse
     arguments and `is_fp8_kvcache` (FlashMLA's FP8 sparse record format) are accepted for FlashMLA's
     signature and raise FeatureNotAvailableError until those kernels land."""
     if (is_fp8_kvcache or indices is not None or attn_sink is not None or extra_k_cache is not None
@@ -180,7 +181,8 @@ def flash_mla_with_kvcache_fp8(q: torch.Tensor, k_cache: torch.Tensor, block_tab
     sync: capturable), None meaning 1.0. Computes softmax(softmax_scale * (q * descale_q) .
     (k * descale_k)) (v * descale_k), V the first head_dim_v columns of the cache. Returns out
     (b, s_q, h_q, head_dim_v) bfloat16 and lse (b, h_q, s_q) float32; shapes, schedules and limits
-    as flash_mla_with_kvcache (Hopper only for now)."""
+    as flash_mla_with_kvcache (Hopper only for now). A bf16 / fp16 q (descale_q None) is the accurate
+    path: the cache is de-quantized on chip and multiplied in q's dtype; out in q's dtype."""
     if getattr(k_cache, "dtype", None) != _FP8:
         raise InvalidArgumentError("k_cache", "a torch.float8_e4m3fn cache (flash_mla_with_kvcache serves bf16 "
                                    "and fp16)", str(getattr(k_cache, "dtype", type(k_cache).__name__)))
@@ -323,10 +325,9 @@ def _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_
                        num_splits, softmax_scale, descale_q=None, descale_k=None) -> None:
     validate.tensor("q", q, dtypes=_Q_DTYPES, ndim=4, last_dim_contiguous=True)
     device = q.device
-    if isinstance(k_cache, torch.Tensor) and k_cache.dtype == _FP8 and q.dtype != _FP8:
-        raise FeatureNotAvailableError("q", "bf16/fp16 q with an FP8 cache (de-quantized on chip)")
-    validate.tensor("k_cache", k_cache, dtypes=(q.dtype,), ndim=4, device=device, contiguous=True)
-    _check_descales(q, descale_q, descale_k)
+    # An e4m3 cache takes e4m3 q (FP8 products) or a 16-bit q (the cache de-quantized on chip).
+    validate.tensor("k_cache", k_cache, dtypes=(q.dtype, _FP8), ndim=4, device=device, contiguous=True)
+    _check_descales(q, k_cache, descale_q, descale_k)
     b, s_q, h_q, d = q.shape
     num_blocks, page_size, h_kv, d_k = k_cache.shape
     if d_k != d:
@@ -367,14 +368,15 @@ def _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_
         raise InvalidArgumentError("softmax_scale", "a finite float or None", repr(softmax_scale))
 
 
-def _check_descales(q, descale_q, descale_k) -> None:
-    """Per-tensor descales scale FP8 q and cache only; the kernel reads each as one float32 on q's GPU."""
-    for name, value in (("descale_q", descale_q), ("descale_k", descale_k)):
+def _check_descales(q, k_cache, descale_q, descale_k) -> None:
+    """Per-tensor descales scale FP8 tensors only (descale_q an e4m3 q, descale_k an e4m3 cache); the
+    kernel reads each as one float32 on q's GPU."""
+    for name, value, tensor in (("descale_q", descale_q, q), ("descale_k", descale_k, k_cache)):
         if value is None:
             continue
-        if q.dtype != _FP8:
-            raise InvalidArgumentError(name, "None with a bf16 / fp16 q and cache (descales scale FP8 tensors)",
-                                       type(value).__name__)
+        if tensor.dtype != _FP8:
+            raise InvalidArgumentError(name, f"None with a {tensor.dtype} {'q' if tensor is q else 'k_cache'} "
+                                       "(descales scale FP8 tensors)", type(value).__name__)
         validate.tensor(name, value, dtypes=(torch.float32,), ndim=1, device=q.device)
         validate.shape(name, value, (1,))
 

@@ -108,6 +108,8 @@ class KernelFamily(ABC, Generic[Cfg]):
     @staticmethod
     def _parse_field(spec: str, key: str, annotation: Any, raw: str) -> Any:
         kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+        if kind.endswith("| None") and raw == "None":   # an optional field left unset
+            return None
         if kind == "bool":
             if raw.lower() in ("true", "1"):
                 return True

@@ -67,6 +67,7 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
         return {"splitkv_entry": self.SPLITKV, "combine_entry": "" if cfg.fused_combine else self.COMBINE,
                 "fused_combine": "true" if cfg.fused_combine else "false", "cluster_m": cfg.cluster_m,
                 "dtype": cpp_type(cfg.dtype), "out_dtype": cpp_type(out_dtype_of(cfg.dtype)),
+                "kv_fp8": "true" if cfg.kv_dtype == "e4m3" else "false",
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v,
                 "page_size": cfg.page_size, "block_m": cfg.block_m, "block_n": cfg.block_n,
                 "num_stages": cfg.num_stages, "schedule": cfg.schedule}
@@ -78,9 +79,11 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
         # Clustered kernels where a preset's row tiles (s_q 1 to 4) share KV; the unclustered one too
         # (a GPU that cannot keep every cluster resident falls back to it).
         cluster = env.choice(CLUSTER_ENV.name)
-        # bf16 and FP8 (e4m3) caches: DeepSeek V3 servers run either.
-        configs = (decode_config(dtype, p.head_dim, p.head_dim_v, p.page_size, arch, schedule, cluster_m)
-                   for dtype in ("bf16", "e4m3") for p in _preset_shapes(presets) for schedule in schedules
+        # bf16 and FP8 (e4m3) caches: DeepSeek V3 servers run either, the FP8 cache with e4m3 q
+        # (vLLM, SGLang) or with bf16 q (the accurate path).
+        configs = (decode_config(dtype, p.head_dim, p.head_dim_v, p.page_size, arch, schedule, cluster_m, kv_dtype)
+                   for dtype, kv_dtype in (("bf16", None), ("e4m3", None), ("bf16", "e4m3"))
+                   for p in _preset_shapes(presets) for schedule in schedules
                    for cluster_m in _cluster_sizes(p, cluster))
         return list(dict.fromkeys(configs))
 

@@ -116,10 +116,10 @@ class MetadataPlan:
         return metadata, num_splits
 
 
-def _kernels(q_shape, dtype: str, head_dim_v: int, page_size: int, h_kv: int, parts: int, max_seq_tokens: int,
-             kv_bytes_per_token: int, arch: ArchPair, device_index: int):
+def _kernels(q_shape, dtype: str, kv_dtype: str, head_dim_v: int, page_size: int, h_kv: int, parts: int,
+             max_seq_tokens: int, kv_bytes_per_token: int, arch: ArchPair, device_index: int):
     """(split-KV launch, combine launch or None, TMA box or None, row tiles). The combine launch is
-    None where the split-KV kernel merges the splits itself.
+    None where the split-KV kernel merges the splits itself. dtype: q's; kv_dtype: the cache's.
 
     sm_90a runs the TMA + wgmma family; sm_80/86/89 the mma.sync + cp.async family, which takes the
     cache as a plain pointer instead of a TMA descriptor."""
@@ -132,10 +132,10 @@ def _kernels(q_shape, dtype: str, head_dim_v: int, page_size: int, h_kv: int, pa
             fused = fused_combine_pays(b, rows, parts, head_dim_v, max_seq_tokens, kv_bytes_per_token)
             schedule = "ws" if fused else "ws_unfused"
         cluster_m = cluster_m_for(-(-rows // BLOCK_M), cluster_choice)
-        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule, cluster_m)
+        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule, cluster_m, kv_dtype)
         params, box = (Blob(DECODE_PARAMS.size), TMA_DESC), (min(page_size, cfg.block_n), 1, 64)
     else:
-        if dtype == "e4m3":  # the mma.sync family reads 2-byte K and V only
+        if kv_dtype == "e4m3":  # the mma.sync family reads 2-byte K and V only
             raise FeatureNotAvailableError("k_cache", "an FP8 KV cache on sm_80/sm_86/sm_89")
         family = registry.get("mla_decode_sm80")
         cfg = sm80_decode_config(dtype, d, head_dim_v, page_size, rows, arch.tuning)
@@ -144,7 +144,7 @@ def _kernels(q_shape, dtype: str, head_dim_v: int, page_size: int, h_kv: int, pa
     row_tiles = -(-rows // cfg.block_m)
     grid, block = (parts, h_kv, row_tiles), (cfg.num_threads, 1, 1)
     if cfg.cluster is not None and not _clusters_fit(family, cfg, arch, device_index, grid, block, smem):
-        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, cfg.schedule, 1)
+        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, cfg.schedule, 1, kv_dtype)
     splitkv = family.launcher(cfg, arch, family.SPLITKV, device_index, params, grid, block, dynamic_smem=smem,
                               cluster=cfg.cluster)
     if cfg.fused_combine:
@@ -208,7 +208,7 @@ class DecodePlan:
         _, page_size, h_kv, _ = k_cache.shape
         self.device_index = q.get_device()
         self.splitkv, self.combine, self.box, row_tiles = _kernels(
-            tuple(q.shape), name_of(q.dtype), head_dim_v, page_size, h_kv, parts,
+            tuple(q.shape), name_of(q.dtype), name_of(k_cache.dtype), head_dim_v, page_size, h_kv, parts,
             block_table.shape[1] * page_size, h_kv * d * k_cache.element_size(),
             resolve_for_device(self.device_index), self.device_index)
         self.b, self.s_q, self.h_q = b, s_q, h_q
@@ -229,8 +229,9 @@ class DecodePlan:
         self.out_dtype = out_dtype(q.dtype)
         self.lse_shape = (b, h_q, s_q)
         self.kv_shape, self.kv_dtype = k_cache.shape, k_cache.dtype  # fixed by the plan's signature
-        # The FP8 kernels read both descales through pointers (no host sync: capturable); a descale
-        # given as None reads this 1.0. The bf16 / fp16 kernels read none: null pointers.
+        # The kernels over an FP8 cache read both descales through pointers (no host sync:
+        # capturable); a descale given as None (always descale_q with a 16-bit q) reads this 1.0.
+        # The bf16 / fp16 kernels over a cache of q's dtype read none: null pointers.
         self.unit_descale = _unit_descale(q) if k_cache.dtype == FP8 else None
         self.unit_ptr = 0 if self.unit_descale is None else self.unit_descale.data_ptr()
 

@@ -98,6 +98,12 @@ __device__ __forceinline__ float rcp_approx(float x) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+               : "memory");
+  return v;
+}
 __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
@@ -145,6 +151,25 @@ __device__ __forceinline__ uint16_t pack_e4m3x2(float a, float b) {
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(b), "f"(a));
   return d;
 }
+// Two e4m3 (the low byte first) as two 16-bit Element values, exactly (sm_89 and later). fp16: the
+// hardware conversion. bf16: through fp16, where every e4m3 value is normal: its exponent and
+// mantissa bits shifted into bf16's fields give the value times 2^-112 (a normal bf16 too), and one
+// multiply by 2^112 restores it.
+template <typename Element>
+__device__ __forceinline__ uint32_t e4m3x2_to_16bit(uint32_t v) {
+  uint32_t h;
+  asm("{\n.reg .b16 lo;\ncvt.u16.u32 lo, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(h) : "r"(v));
+  if constexpr (cute::is_same_v<Element, cutlass::half_t>) {
+    return h;
+  } else {
+    static_assert(cute::is_same_v<Element, cutlass::bfloat16_t>, "bf16 or fp16");
+    const uint32_t scaled = ((h & 0x7fff7fffu) >> 3) | (h & 0x80008000u);
+    uint32_t r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(scaled), "r"(0x77807780u), "r"(0x80008000u));
+    return r;
+  }
+}
+
 __device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v) {
   asm volatile("st.shared.b16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
 }

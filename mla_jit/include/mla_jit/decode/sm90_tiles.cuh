@@ -35,7 +35,8 @@ struct Sm90PvOperands<Element, BLOCK_M, BLOCK_N, HEAD_DIM_V, SwAtom, true> {
                                  cute::GMMA::Major::K, cute::GMMA::Major::K>()));
 };
 
-template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_, int BLOCK_N_>
+template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_, int BLOCK_N_,
+          bool KV_FP8_ = false>
 struct Sm90DecodeTiles {
   using Element = Element_;
   static constexpr int HEAD_DIM = HEAD_DIM_;
@@ -46,6 +47,11 @@ struct Sm90DecodeTiles {
   // e4m3 q and cache (FP8 wgmma, out in bf16), or 16-bit q, cache and out.
   static constexpr bool kFp8 = cute::is_same_v<Element, cutlass::float_e4m3_t>;
   using OutElement = cute::conditional_t<kFp8, cutlass::bfloat16_t, Element>;
+  // 16-bit q and out over an e4m3 cache: each tile lands as e4m3 in a landing slot and is
+  // de-quantized into its 16-bit stage (dequant_kv_tile_e4m3); everything after is the 16-bit kernel.
+  static constexpr bool kKvFp8 = KV_FP8_;
+  static_assert(!(kKvFp8 && kFp8), "KV_FP8: a 16-bit q over an e4m3 cache");
+  static constexpr int kKvBytes = (kFp8 || kKvFp8) ? 1 : 2;  // bytes of a cache element
 
   static_assert(BLOCK_M == 64, "one wgmma M tile per warpgroup");
   static_assert(BLOCK_N == 64, "tile = 64 tokens (metadata block_n must match)");
@@ -75,8 +81,10 @@ struct Sm90DecodeTiles {
   using SmemLayoutVtHalf = typename PvOperands::SmemLayoutVtHalf;
   using TiledMmaO = typename PvOperands::TiledMmaO;
 
-  static constexpr unsigned kTileBytes = BLOCK_N * HEAD_DIM * sizeof(Element);
-  static constexpr unsigned kPageBytes = kBoxRows * HEAD_DIM * sizeof(Element);
+  static constexpr unsigned kStageBytes = BLOCK_N * HEAD_DIM * sizeof(Element);  // a stage in smem
+  // What the TMA writes: a tile / a page of it (a chunk is BLOCK_N x 64 cache elements, kKvBytes each).
+  static constexpr unsigned kTileBytes = BLOCK_N * HEAD_DIM * kKvBytes;
+  static constexpr unsigned kPageBytes = kBoxRows * HEAD_DIM * kKvBytes;
 };
 
 namespace detail {
@@ -178,6 +186,34 @@ __device__ __forceinline__ void transpose_v_half_e4m3(uint32_t v_src, uint32_t v
     r[3] &= keep_c;
     stmatrix_x4(dst + k * 32 * 64, byte_perm(r[0], r[1], 0x6420), byte_perm(r[0], r[1], 0x7531),
                 byte_perm(r[2], r[3], 0x6420), byte_perm(r[2], r[3], 0x7531));
+  }
+}
+
+// ---- 16-bit q over an e4m3 cache ----
+// The e4m3 tile (BN tokens x kChunks 64-column chunks, SW64 slabs of 64-byte rows) in a landing slot
+// at `src`, as the 16-bit tile the 16-bit kernel reads (SW128 slabs of 128-byte rows) at `dst`,
+// exactly, by the 256 threads of the P V warpgroups (t = 0 .. 255: row t / 4, 16 bytes t % 4 of each
+// chunk row). Rows >= valid become 0 without being read: past a sequence's end they may hold NaN or
+// stale bytes. Not unrolled: the P V warpgroups hold O in nearly all of their registers (unrolled by
+// 2, or with the next chunk's load ahead, ptxas spills there).
+template <typename Element, int BN, int kChunks>
+__device__ __forceinline__ void dequant_kv_tile_e4m3(uint32_t src, uint32_t dst, int valid, int t) {
+  static_assert(BN == 64, "a row per 4 threads");
+  const int r = t / 4, u = t % 4;
+  const uint32_t from = src + sw64_offset(r, 16 * u);
+  const uint32_t to_lo = dst + uint32_t(r * 128 + (((2 * u) ^ (r & 7)) << 4));
+  const uint32_t to_hi = dst + uint32_t(r * 128 + (((2 * u + 1) ^ (r & 7)) << 4));
+  const bool keep = r < valid;
+#pragma unroll 1
+  for (int c = 0; c < kChunks; ++c) {
+    uint4 x = make_uint4(0u, 0u, 0u, 0u);
+    if (keep) x = ld_shared_v4(from + c * BN * 64);
+    const uint4 lo = make_uint4(e4m3x2_to_16bit<Element>(x.x), e4m3x2_to_16bit<Element>(x.x >> 16),
+                                e4m3x2_to_16bit<Element>(x.y), e4m3x2_to_16bit<Element>(x.y >> 16));
+    const uint4 hi = make_uint4(e4m3x2_to_16bit<Element>(x.z), e4m3x2_to_16bit<Element>(x.z >> 16),
+                                e4m3x2_to_16bit<Element>(x.w), e4m3x2_to_16bit<Element>(x.w >> 16));
+    st_shared_v4(to_lo + c * BN * 128, lo);
+    st_shared_v4(to_hi + c * BN * 128, hi);
   }
 }
 

@@ -88,6 +88,16 @@
 // P V. It zeroes tokens >= L there itself (the producer notes each tile's valid tokens in
 // tile_valid[s]): WG0's tail zeroing runs concurrently. Registers: WG0 152, WG1/WG2 176.
 //
+// KV_FP8 (a bf16 / fp16 q over an e4m3 cache; out in q's dtype): the 16-bit kernel with 2 stages
+// and 2 e4m3 landing slots (LandingSlots, the same 221 KB at d = 576). The TMA loads tile n into
+// slot n % 2; the P V warpgroups de-quantize it into stage n % 2 (ws_dequant_tile: after a named
+// barrier 6 of their 256 threads, since the stage held tile n - 2; rows >= L become 0), release the
+// slot on pv_done (the producer then loads tile n + 2 into it) and announce the stage to WG0 on
+// kv_ready[s] (count 8). They do it for tile n + 1 before their P V(n), while WG0 runs S(n) and its
+// softmax; WG0 publishes every P at once (held back, P(n) would wait for S(n + 1), which waits for
+// the de-quantization after P V(n)). descale_k goes into S's scale and, with 1/l, into the last
+// tile's P and O rescale.
+//
 // Code: mla_splitkv_ws_body (barrier setup, role dispatch, the fused combine's step 2) runs
 // ws_softmax_warpgroup in WG0 (per piece ws_load_q; per tile ws_issue_s, ws_wait_s, ws_softmax,
 // ws_finish_rows, ws_store_p, ws_store_lse, ws_publish_p) and ws_pv_warpgroup in WG1 / WG2 (per
@@ -145,6 +155,8 @@ constexpr int kBarFirstQ = 3;
 constexpr int kFirstQThreads = 128 + 32;
 // e4m3: P V warpgroup 1 / 2's V^T of a tile is written (barriers 4 and 5, 128 threads each).
 constexpr int kBarVt = 4;
+// KV_FP8: the P V warpgroups' in-place de-quantization of a tile (256 threads).
+constexpr int kBarDequant = 6;
 
 // Row r (h: which of the thread's two accumulator rows) of this thread's O columns, cast to the
 // output dtype, into out. 32-bit element offsets (here and in the P V epilogue): < 2^31 for every
@@ -203,7 +215,7 @@ __device__ __forceinline__ void ws_combine_batch(const DecodeParams& p, int bi, 
                                                  int tid) {
   using Element = typename Cfg::OutElement;  // of out
   constexpr int DV = Cfg::HEAD_DIM_V, BM = Cfg::BLOCK_M, NT = Cfg::NUM_THREADS;
-  constexpr int kMaxSplits = int(Cfg::kTileBytes) * Cfg::NUM_STAGES / (BM * 4);  // wts fits the KV stages
+  constexpr int kMaxSplits = int(Cfg::kStageBytes) * Cfg::NUM_STAGES / (BM * 4);  // wts fits the KV stages
   const int g = blockIdx.y, row_base = blockIdx.z * BM;
   const int nrows = min(BM, p.rows - row_base);
   if (nsplit > kMaxSplits) {  // more splits than SMs on any GPU so far: the slow, general path
@@ -320,12 +332,15 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
           int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int CLUSTER_M_ = 1,
-          int S_FIRST_GROUP_K_ = 18>
-struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_> {
-  using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_>;
+          bool KV_FP8_ = false, int S_FIRST_GROUP_K_ = 18>
+struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_> {
+  using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_>;
   using Element = Element_;
   using OutElement = typename Tiles::OutElement;
   static constexpr bool kFp8 = Tiles::kFp8;
+  static constexpr bool kKvFp8 = Tiles::kKvFp8;
+  // Per-tensor descales (of q and cache, or of the cache alone) read on the GPU.
+  static constexpr bool kDescaled = kFp8 || kKvFp8;
   static constexpr int HEAD_DIM = HEAD_DIM_;
   static constexpr int HEAD_DIM_V = HEAD_DIM_V_;
   static constexpr int BLOCK_M = BLOCK_M_;
@@ -389,7 +404,13 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<64>>>()));
 
-  struct SharedStorage {
+  // KV_FP8: tile n lands in slot n % NUM_STAGES (the cache's e4m3 bytes) and is de-quantized into
+  // kv[n % NUM_STAGES]. A base class, empty otherwise: the 16-bit kernels have no byte to spare.
+  struct LandingSlots {
+    alignas(1024) unsigned char landing[NUM_STAGES][Tiles::kTileBytes];
+  };
+  struct NoLandingSlots {};
+  struct SharedStorage : cute::conditional_t<kKvFp8, LandingSlots, NoLandingSlots> {
     alignas(1024) Element kv[NUM_STAGES][BLOCK_N * HEAD_DIM];
     alignas(1024) Element aux[kAuxElems];
     alignas(256) Element q16[kFp8 ? 16 : BLOCK_M * 16];  // Q[:, kQRegCols:DV] (16-bit)
@@ -403,7 +424,7 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     float row_scale[NUM_STAGES][kFp8 ? 2 * BLOCK_M : BLOCK_M];
     // e4m3: tokens of the tile in stage s that are < L (set by the producer with the TMA): the P V
     // warpgroups zero the others' V while transposing.
-    int tile_valid[kFp8 ? NUM_STAGES : 1];
+    int tile_valid[kDescaled ? NUM_STAGES : 1];
     detail::WsTileInfo info[NUM_STAGES];
     // TMA producer state, touched by thread 128 only: in smem so that it costs no registers in the
     // (register-bound) P V warpgroup.
@@ -415,6 +436,7 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     alignas(8) uint64_t full[NUM_STAGES];     // TMA landed (tx-count barrier)
     uint64_t p_full[NUM_STAGES];               // WG0 wrote P / row_scale / info (4 warp arrivals)
     uint64_t pv_done[NUM_STAGES];              // WG1 + WG2 of every cluster CTA finished P V (8 x CLUSTER_M)
+    uint64_t kv_ready[kKvFp8 ? NUM_STAGES : 1];  // KV_FP8: the stage is de-quantized (8 P V warps)
   };
   // At d = 576 with 3 stages the +1024 alignment slack does not fit (see Sm90SmemSize).
   static constexpr int kSmemBytes = Sm90SmemSize<SharedStorage>::kBytes;
@@ -446,12 +468,15 @@ __device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, const int* 
   const int stage = n % NS;
   const int g = blockIdx.y;
   const int* bt = p.block_table + (long long)prod.bi * p.block_table_stride;
-  Element* dst = ss.kv[stage];
+  // e4m3 cache under a 16-bit kernel: the tile lands in its slot (de-quantized by ws_dequant_tile).
+  unsigned char* dst = reinterpret_cast<unsigned char*>(ss.kv[stage]);
+  if constexpr (Cfg::kKvFp8) dst = ss.landing[stage];
+  constexpr int kChunkBytes = BN * Cfg::kBoxCols * Cfg::kKvBytes, kBoxBytes = Cfg::kBoxRows * Cfg::kBoxCols * Cfg::kKvBytes;
   const uint64_t kv_policy =
       gridDim.z == Cfg::CLUSTER_M ? l2_evict_first_policy() : l2_evict_normal_policy();
   // Column chunk i of the tile is loaded by cluster CTA i % CLUSTER_M, for every CTA.
   const uint32_t rank = Cfg::CLUSTER_M > 1 ? cluster_cta_rank() : 0;
-  auto load_chunk = [&](int i, Element* chunk_dst, int col, int row) {
+  auto load_chunk = [&](int i, unsigned char* chunk_dst, int col, int row) {
     if constexpr (Cfg::CLUSTER_M == 1) {
       tma_load_3d_hint(chunk_dst, tmap, &ss.full[stage], col, g, row, kv_policy);
     } else if (i % Cfg::CLUSTER_M == int(rank)) {
@@ -462,7 +487,7 @@ __device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, const int* 
 
   // Before the TMA's arrive: WG1/WG2 read it once full[stage] completes.
   auto note_valid = [&] {
-    if constexpr (Cfg::kFp8) ss.tile_valid[stage] = min(BN, prod.L - prod.tok);
+    if constexpr (Cfg::kDescaled) ss.tile_valid[stage] = min(BN, prod.L - prod.tok);
   };
   // Block-table reads first: their latency overlaps the wait for the stage.
   if constexpr (Cfg::kPagesPerTile == 1) {
@@ -472,7 +497,7 @@ __device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, const int* 
     note_valid();
     mbarrier_arrive_expect_tx(&ss.full[stage], Cfg::kTileBytes);
 #pragma unroll
-    for (int c = 0; c < Cfg::kColChunks; ++c) load_chunk(c, dst + c * BN * Cfg::kBoxCols, c * Cfg::kBoxCols, row);
+    for (int c = 0; c < Cfg::kColChunks; ++c) load_chunk(c, dst + c * kChunkBytes, c * Cfg::kBoxCols, row);
   } else {
     // Several pages per tile: load only pages that hold tokens < L (later block_table
     // entries may be garbage, later pages NaN).
@@ -489,7 +514,7 @@ __device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, const int* 
       const int row = pages[j] * Cfg::PAGE_SIZE;
 #pragma unroll
       for (int c = 0; c < Cfg::kColChunks; ++c)
-        load_chunk(c, dst + c * BN * Cfg::kBoxCols + j * Cfg::kBoxRows * Cfg::kBoxCols, c * Cfg::kBoxCols, row);
+        load_chunk(c, dst + c * kChunkBytes + j * kBoxBytes, c * Cfg::kBoxCols, row);
     }
   }
   ss.prod_n = n + 1;
@@ -712,9 +737,10 @@ __device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSo
   const int tw = ws_opaque(threadIdx.x % 128);
   const int stage = n % NS;
   Element* kv = ss.kv[stage];
-  mbarrier_wait(&ss.full[stage], (n / NS) & 1);
+  // KV_FP8: the P V warpgroups de-quantized the tile (tail rows zeroed there).
+  mbarrier_wait(Cfg::kKvFp8 ? &ss.kv_ready[stage] : &ss.full[stage], (n / NS) & 1);
   if (n == 0 && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceTile0);
-  if (st.cur.tok + BN > st.cur.L) {
+  if (!Cfg::kKvFp8 && st.cur.tok + BN > st.cur.L) {
     // Tail tile: rows >= L were not loaded (other pages) or hold data past the sequence
     // end (possibly NaN). Zero them (all columns: WG1/WG2 read the V part) so that neither
     // S nor P V can pick up NaN.
@@ -834,9 +860,10 @@ __device__ __forceinline__ void ws_finish_rows(WsSoftmaxState<Cfg>& st, float (&
     if constexpr (Cfg::kFp8) {
       fin[h] = inv_l * v_scale;
     } else {
-      // In place (no second copy of P in registers: WG0 has none to spare).
-      sc[h] *= inv_l;
-      scale_row(st.tSrS, h, inv_l);
+      // In place (no second copy of P in registers: WG0 has none to spare). KV_FP8: V's descale too.
+      const float f = Cfg::kKvFp8 ? inv_l * v_scale : inv_l;
+      sc[h] *= f;
+      scale_row(st.tSrS, h, f);
     }
   }
 }
@@ -917,8 +944,9 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, cons
   if (!st.cur.valid()) named_barrier_arrive(kBarFirstQ, kFirstQThreads);  // no work: free the producer
   // e4m3: the per-tensor descales of q and the cache, read on the GPU (capturable calls): S's
   // scale takes both, O the cache's (V's) after each piece.
+  // KV_FP8: descale_q is 1 (16-bit q).
   float fp8_scale_log2 = 0.f, fp8_v_scale = 0.f;
-  if constexpr (Cfg::kFp8) {
+  if constexpr (Cfg::kDescaled) {
     fp8_v_scale = __ldg(p.descale_k);
     fp8_scale_log2 = p.scale_log2 * __ldg(p.descale_q) * fp8_v_scale;
   }
@@ -938,7 +966,7 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, cons
 
     ws_wait_s<Cfg>(ss, st, tw, unpublished);
     float sc[2];  // O rescale of this tile
-    ws_softmax<Cfg>(p, st, row0, col_lane, sc, Cfg::kFp8 ? fp8_scale_log2 : p.scale_log2);
+    ws_softmax<Cfg>(p, st, row0, col_lane, sc, Cfg::kDescaled ? fp8_scale_log2 : p.scale_log2);
     const bool last = st.cur.tok + BN >= st.cur.stop;
     float lse2[2] = {-kInf, -kInf}, fin[2];
     if (last) ws_finish_rows<Cfg>(st, sc, lse2, fin, fp8_v_scale);
@@ -950,15 +978,17 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, cons
     // Published after S(n + 1) (in ws_wait_s, which fences the P stores while S runs), except at
     // a piece's last tile: the P V warpgroups then store O, and the next piece's first S waits for
     // its Q anyway.
+    // KV_FP8: every P at once. The P V warpgroups de-quantize tile n + 1 before P V(n), and
+    // S(n + 1) waits for that: P(n) held back until S(n + 1) started would serialize the three.
+    if (last || Cfg::kKvFp8) ws_publish_p<Cfg>(ss, tw, stage);
     if (last) {
-      ws_publish_p<Cfg>(ss, tw, stage);
       if constexpr (!Cfg::kFusedCombine) {
         if ((tw & 3) == 0) ws_store_lse<Cfg>(p, st, row0, lse2);
       }
       piece_start = true;
       st.cur.seek(ws_meta(p), seqlens, st.cur.bi + 1);
     } else {
-      unpublished = stage;
+      if constexpr (!Cfg::kKvFp8) unpublished = stage;
       st.cur.tok += BN;
     }
   }
@@ -991,6 +1021,18 @@ __device__ __forceinline__ int ws_count_tiles(const DecodeParams& p, const int* 
 // half into its V^T buffer (vt_buf: the tile's parity; the buffer's previous reader, P V two
 // tiles back, was waited by every warp before the named barrier of the tile in between); after
 // P V, a piece's last tile multiplies O by the rows' final factor (1/l times the descale).
+// One arrival per warp (all of whose reads of stage s are done) on pv_done[s] of every CTA of the
+// cluster: lane r tells cluster CTA r, whose producer multicasts into this CTA's stage too.
+template <typename Cfg>
+__device__ __forceinline__ void ws_release_stage(typename Cfg::SharedStorage& ss, int stage, int lane) {
+  __syncwarp();
+  if constexpr (Cfg::CLUSTER_M == 1) {
+    if (lane == 0) mbarrier_arrive(&ss.pv_done[stage]);
+  } else {
+    if (lane < Cfg::CLUSTER_M) mbarrier_arrive_cluster(&ss.pv_done[stage], lane);
+  }
+}
+
 template <typename Cfg, typename TiledMmaO, typename FragO>
 __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss, TiledMmaO& mma_o, FragO& tOrO,
                                                  int stage, uint32_t phase, bool fresh, int half, int tid_wg,
@@ -1009,7 +1051,9 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
   } else {
     v_half = kv + half * (DV / 2) * BN;
     mbarrier_wait(&ss.p_full[stage], phase);
-    mbarrier_wait(&ss.full[stage], phase);  // complete already (WG0 waited it): TMA bytes visible
+    // Complete already (WG0 waited it): TMA bytes visible. KV_FP8: not waited (ws_dequant_tile did;
+    // the slot may already hold tile n + NS, its barrier a phase further on, the parity back).
+    if constexpr (!Cfg::kKvFp8) mbarrier_wait(&ss.full[stage], phase);
   }
   const float sc0 = ss.row_scale[stage][row0], sc1 = ss.row_scale[stage][row0 + 8];
   // Lazy rescaling makes the scale exactly 1 on most tiles; a piece's first tile overwrites O.
@@ -1037,13 +1081,8 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
       for (int i = 0; i < cute::size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
     }
   }
-  __syncwarp();
-  if constexpr (Cfg::CLUSTER_M == 1) {
-    if (lane == 0) mbarrier_arrive(&ss.pv_done[stage]);
-  } else {
-    // Lane r tells cluster CTA r: its producer multicasts into this CTA's stage too.
-    if (lane < Cfg::CLUSTER_M) mbarrier_arrive_cluster(&ss.pv_done[stage], lane);
-  }
+  // KV_FP8: the TMA refills the landing slot, which ws_dequant_tile releases.
+  if constexpr (!Cfg::kKvFp8) ws_release_stage<Cfg>(ss, stage, lane);
   return info;
 }
 
@@ -1082,6 +1121,24 @@ __device__ __forceinline__ void ws_store_o(const DecodeParams& p, typename Cfg::
 
 // The role of WG1 / WG2 (wg 1, 2): each owns half of O (64 x DV/2 fp32 in registers) and adds
 // every tile's P V to it; thread 128 (WG1) is also the TMA producer.
+// KV_FP8: tile n de-quantized from its landing slot into its 16-bit stage by the 256 threads of
+// WG1 + WG2, the slot released to the producer (pv_done) and the stage announced to WG0 (kv_ready).
+// The stage held tile n - NS, so both warpgroups meet first: each is past its P V of that tile.
+// The thread index is re-read (opaque): kept through the P V loop it would cost a register O needs.
+template <typename Cfg>
+__device__ __forceinline__ void ws_dequant_tile(typename Cfg::SharedStorage& ss, int n) {
+  constexpr int NS = Cfg::NUM_STAGES;
+  const int s = n % NS;
+  named_barrier_sync(kBarDequant, 256);
+  mbarrier_wait(&ss.full[s], (n / NS) & 1);
+  const int t = ws_opaque(threadIdx.x) - 128;
+  dequant_kv_tile_e4m3<typename Cfg::Element, Cfg::BLOCK_N, Cfg::kColChunks>(
+      smem_addr(ss.landing[s]), smem_addr(ss.kv[s]), ss.tile_valid[s], t);
+  fence_proxy_async_shared();  // read by wgmma (async proxy)
+  ws_release_stage<Cfg>(ss, s, t % 32);
+  if (t % 32 == 0) mbarrier_arrive(&ss.kv_ready[s]);
+}
+
 template <typename Cfg>
 __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const int* seqlens, const TmaDescriptor* tmap,
                                                 typename Cfg::SharedStorage& ss, int wg, int tid) {
@@ -1094,9 +1151,6 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const int
   const bool is_producer = tid == 128;
   const int half = wg - 1;
   const int tid_wg = tid % 128;
-  const int lane = tid % 32;
-  const int row0 = (tid_wg / 32) * 16 + lane / 4;
-  const int col_lane = (lane % 4) * 2;
 
   // Tile 0 is issued at once, tiles 1 .. NUM_STAGES - 1 once WG0 has its first Q: issued
   // together, the KV tiles of every CTA (~29 MB) were queued ahead of the small Q loads, which
@@ -1127,6 +1181,16 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const int
 #pragma unroll
   for (int i = 0; i < size(tOrO); ++i) tOrO(i) = 0.f;
 
+  // KV_FP8: tile n + 1 is de-quantized before P V(n), during WG0's S and softmax of tile n, and
+  // its slot refilled at once with tile n + 1 + NS (two tiles of TMA latency hidden).
+  if constexpr (Cfg::kKvFp8) {
+    if (num_tiles > 0) {
+      ws_dequant_tile<Cfg>(ss, 0);
+      if (is_producer && ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
+      __syncwarp();
+    }
+  }
+
   int stage = 0;
   uint32_t phase = 0;
   bool fresh = true;  // first tile of a piece: the P V wgmma overwrites O (scale-d = 0)
@@ -1135,9 +1199,20 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const int
     // done with it, before waiting for P(n): P(n) is published only after S(n + 1), whose
     // bytes may be the ones this issues (NS = 2), and the TMA latency (~3600 cycles at h_q = 128,
     // H200) needs the head start.
-    if (is_producer && n > 0 && ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
+    if constexpr (Cfg::kKvFp8) {
+      if (n + 1 < num_tiles) {
+        ws_dequant_tile<Cfg>(ss, n + 1);
+        if (is_producer && ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
+      }
+    } else {
+      if (is_producer && n > 0 && ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
+    }
     __syncwarp();  // lane 0 of warp 4 may have diverged into the producer path
-    const WsTileInfo info = ws_pv_tile<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tid_wg, lane, row0, n & 1);
+    // The thread's rows and columns, re-derived each tile (opaque): live through the loop they
+    // would cost registers that O and the de-quantization need.
+    const int tw = ws_opaque(tid_wg);
+    const int row0 = ws_row0(tw), col_lane = ws_col_lane(tw);
+    const WsTileInfo info = ws_pv_tile<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tw, tw % 32, row0, n & 1);
     if (info.last) ws_store_o<Cfg>(p, ss, tOrO, info, half, row0, col_lane, tid);
     fresh = info.last;
     if (++stage == NS) {
@@ -1170,6 +1245,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       mbarrier_init(&ss.full[s], 1);
       mbarrier_init(&ss.p_full[s], 4);
       mbarrier_init(&ss.pv_done[s], 8 * Cfg::CLUSTER_M);
+      if constexpr (Cfg::kKvFp8) mbarrier_init(&ss.kv_ready[s], 8);
     }
     ss.num_pending = 0;
     fence_barrier_init();
