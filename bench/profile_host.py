@@ -54,7 +54,7 @@ rows = {
     "torch.compiler.is_compiling": lambda: torch.compiler.is_compiling(),
     "splitkv launch": lambda: plan.splitkv(stream, params, kv_desc),
     "data_ptr x1": lambda: q.data_ptr(),
-    "struct pack": lambda: DECODE_PARAMS.pack(*([1] * 9), 1, 1, 1, 1, *([1] * 8), 1.0, 1.0, 0, 1),
+    "struct pack": lambda: DECODE_PARAMS.pack(*([1] * 9), 1, 1, 1, 1, *([1] * 8), 1.0, 1.0, 0, 1, 1, 1),
     "current_stream": lambda: runtime.current_stream(0),
     "kv descriptor lookup": lambda: runtime.kv_descriptor(k_cache, (k_cache.data_ptr(), k_cache.shape,
                                                                     k_cache.dtype), plan.box),
