@@ -146,19 +146,18 @@ class DecodeConfig:
     num_threads = 384   # a producer warpgroup, the S/softmax warpgroup, two P V warpgroups
 
     def __post_init__(self):
-        # (dtype is checked before num_stages, whose values depend on it.)
-        check_fields(self, schedule=SCHEDULES, cluster_m=(1, 2), dtype=tuple(STAGES),
-                     head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS), page_size=SUPPORTED_PAGE_SIZES,
-                     block_m=(BLOCK_M,), block_n=(BLOCK_N,),
-                     num_stages=(stages_for(self.dtype, self.kv_dtype if self.kv_dtype in KV_DTYPES else None),))
-        if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
-            raise InvalidArgumentError("DecodeConfig.head_dim_v", f"(head_dim, head_dim_v) in {SUPPORTED_HEAD_DIMS}",
-                                       f"({self.head_dim}, {self.head_dim_v})")
+        # (dtype and kv_dtype are checked before num_stages, whose values depend on them.)
         if self.kv_dtype not in KV_DTYPES:
             raise InvalidArgumentError("DecodeConfig.kv_dtype", f"one of {KV_DTYPES}", repr(self.kv_dtype))
         if self.kv_dtype is not None and self.dtype not in ("bf16", "fp16"):
             raise InvalidArgumentError("DecodeConfig.kv_dtype", "None unless dtype is bf16 or fp16",
                                        f"{self.kv_dtype!r} with dtype {self.dtype!r}")
+        check_fields(self, schedule=SCHEDULES, cluster_m=(1, 2), dtype=tuple(STAGES),
+                     head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS), page_size=SUPPORTED_PAGE_SIZES,
+                     block_m=(BLOCK_M,), block_n=(BLOCK_N,), num_stages=(stages_for(self.dtype, self.kv_dtype),))
+        if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
+            raise InvalidArgumentError("DecodeConfig.head_dim_v", f"(head_dim, head_dim_v) in {SUPPORTED_HEAD_DIMS}",
+                                       f"({self.head_dim}, {self.head_dim_v})")
 
     @property
     def cluster(self) -> tuple[int, int, int] | None:

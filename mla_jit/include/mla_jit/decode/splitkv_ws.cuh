@@ -155,7 +155,7 @@ constexpr int kBarFirstQ = 3;
 constexpr int kFirstQThreads = 128 + 32;
 // e4m3: P V warpgroup 1 / 2's V^T of a tile is written (barriers 4 and 5, 128 threads each).
 constexpr int kBarVt = 4;
-// KV_FP8: the P V warpgroups' in-place de-quantization of a tile (256 threads).
+// KV_FP8: the P V warpgroups (256 threads) meet before de-quantizing a tile into a stage.
 constexpr int kBarDequant = 6;
 
 // Row r (h: which of the thread's two accumulator rows) of this thread's O columns, cast to the
