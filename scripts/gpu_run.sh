@@ -30,9 +30,10 @@ for schedule in ws ws_unfused; do
   done
 done
 python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache "${configs[@]}" 2>&1 | tail -n 3
-# The Ampere/Ada family, as the tests force it on this GPU (tuning@target).
+# The Ampere/Ada family, as the tests force it on this GPU (tuning@target); the sparse decode's kernels.
 python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache --arch sm_80@sm_90a --arch sm_89@sm_90a \
   2>&1 | tail -n 1
+python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache 2>&1 | tail -n 1
 fi
 # A previous commit's package for an interleaved A/B (prepared by scripts/prepare_prev.sh as
 # .prev/mla_jit_prev and carried along): its kernels are built now, in parallel.
@@ -99,6 +100,12 @@ if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
   fi
   for arch in ${BENCH_ARCHS:-}; do  # e.g. BENCH_ARCHS="sm_80 sm_89": the Ampere/Ada family on this GPU
     python3 bench/bench_decode.py --arch "$arch" --json "$OUT/bench_decode_$arch.json" 2>&1 | tail -n 26
+  done
+fi
+if [ -z "${SKIP_SPARSE_BENCH:-}" ]; then  # sparse decode against FlashMLA's H200 figures
+  python3 bench/bench_sparse_decode.py --json "$OUT/sparse_decode.json" 2>&1 | tee "$OUT/sparse_decode.log" | tail -n 10
+  for arch in ${SPARSE_BENCH_ARCHS:-}; do  # e.g. "sm_80 sm_89": the Ampere/Ada tunings on this GPU
+    python3 bench/bench_sparse_decode.py --arch "$arch" --json "$OUT/sparse_decode_$arch.json" 2>&1 | tail -n 9
   done
 fi
 if [ -f bench/bench_decode.py ] && [ -z "${SKIP_FP8_DECODE_BENCH:-}" ]; then

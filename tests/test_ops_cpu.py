@@ -240,11 +240,13 @@ def test_bad_arguments_raise_typed_errors_naming_them(stub_gpu):
     assert len(_FakeDecodePlan.built) == 1
 
 
-@pytest.mark.parametrize("name,value", [("is_fp8_kvcache", True), ("indices", torch.zeros(2, 1, 64, dtype=torch.int32)),
-                                        ("attn_sink", torch.zeros(16)), ("extra_k_cache", torch.zeros(1)),
-                                        ("extra_indices_in_kvcache", torch.zeros(1)), ("topk_length", torch.zeros(2)),
-                                        ("extra_topk_length", torch.zeros(2))])
-def test_sparse_and_fp8_arguments_say_the_feature_is_not_available_yet(stub_gpu, name, value):
+@pytest.mark.parametrize("name,value", [("is_fp8_kvcache", True), ("attn_sink", torch.zeros(16)),
+                                        ("extra_k_cache", torch.zeros(1)), ("extra_indices_in_kvcache", torch.zeros(1)),
+                                        ("topk_length", torch.zeros(2)), ("extra_topk_length", torch.zeros(2))])
+def test_sparse_arguments_without_indices_say_the_feature_is_not_available(stub_gpu, name, value):
+    """The record format and the sparse arguments serve the sparse decode (with indices; its own
+    tests: test_sparse_decode_cpu.py); in a dense call, and the extra cache anywhere, they are not
+    available."""
     q, k_cache, block_table, lens = _inputs()
     meta, splits = mla_jit.get_mla_metadata(lens, 16, 1)
     with pytest.raises(mla_jit.FeatureNotAvailableError, match=name) as info:
@@ -253,7 +255,7 @@ def test_sparse_and_fp8_arguments_say_the_feature_is_not_available_yet(stub_gpu,
     assert isinstance(info.value, NotImplementedError)
     with pytest.raises(mla_jit.FeatureNotAvailableError, match="is_fp8_kvcache"):
         mla_jit.get_mla_metadata(lens, 16, 1, is_fp8_kvcache=True)
-    with pytest.raises(mla_jit.FeatureNotAvailableError, match="topk"):
+    with pytest.raises(mla_jit.FeatureNotAvailableError, match="is_fp8_kvcache"):   # a sparse bf16 cache
         mla_jit.get_mla_metadata(lens, 16, 1, 16, False, 2048)
 
 

@@ -55,6 +55,8 @@ class Sm80DecodeConfig:
     num_stages: int
     num_warps: int
     smem_limit: int     # bytes of shared memory per block on the tuning arch
+    # The sparse (DSA) decode over FlashMLA's FP8 records (configs/sparse.py), not the dense one.
+    sparse: bool = False
 
     def __post_init__(self):
         # Field by field what SplitKVSm80Config's static_asserts accept (splitkv_sm80.cuh); the
@@ -62,6 +64,11 @@ class Sm80DecodeConfig:
         check_fields(self, dtype=("bf16", "fp16"), head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS),
                      page_size=SUPPORTED_PAGE_SIZES, block_m=(16, 32, 64), block_n=(16, 32, 64),
                      num_stages=(2, 3, 4), num_warps=(4, 8), smem_limit=range(1, 228 * 1024 + 1))
+        if self.sparse and (self.dtype != "bf16" or self.head_dim != 576 or self.block_m != 16
+                            or self.num_stages < 3):
+            raise InvalidArgumentError("Sm80DecodeConfig.sparse", "bf16, head_dim 576, block_m 16 and >= 3 stages "
+                                       "with sparse", f"{self.dtype}, {self.head_dim}, {self.block_m}, "
+                                       f"{self.num_stages}")
         if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
             raise InvalidArgumentError("Sm80DecodeConfig.head_dim_v",
                                        f"(head_dim, head_dim_v) in {SUPPORTED_HEAD_DIMS}",
@@ -89,7 +96,8 @@ class Sm80DecodeConfig:
     @property
     def smem_bytes(self) -> int:
         """The kernel's dynamic shared memory (SplitKVSm80Config::kSmemBytes)."""
-        return _sm80_smem_bytes(self.block_m, self.block_n, self.num_stages, self.num_warps, self.head_dim)
+        return _sm80_smem_bytes(self.block_m, self.block_n, self.num_stages, self.num_warps, self.head_dim,
+                                self.sparse)
 
 
 # Per-block shared memory: sm_80 163 KB, sm_86/sm_89 99 KB.
@@ -249,11 +257,22 @@ def _sm80_tiles(rows: int, arch: Arch) -> tuple[int, int, int, int]:
     return (32, 16, 3, 4)
 
 
-def _sm80_smem_bytes(block_m: int, block_n: int, stages: int, warps: int, head_dim: int) -> int:
-    """Mirror of SplitKVSm80Config::kSmemBytes (splitkv_sm80.cuh): [Q] KV stages, P / xS, reductions."""
+# Sparse decode: a landing slot row per token and stage (512 e4m3 values + 4 float32 scales).
+SPARSE_LANDING_ROW_BYTES = 528
+
+
+def _sm80_smem_bytes(block_m: int, block_n: int, stages: int, warps: int, head_dim: int,
+                     sparse: bool = False) -> int:
+    """Mirror of SplitKVSm80Config::kSmemBytes (splitkv_sm80.cuh): [Q] KV stages, [sparse landing
+    slots and flags], P / xS, reductions."""
     stage = block_n * head_dim * 2
+    if sparse:
+        stage += block_n * SPARSE_LANDING_ROW_BYTES
+        stage_flags = -(-stages * block_n // 16) * 16
+    else:
+        stage_flags = 0
     if block_m == 16:   # Q in registers: KV stages + xS (a float4 per lane per n8 tile per warp)
-        return stages * stage + warps * (block_n // 8) * 32 * 16
+        return stages * stage + stage_flags + warps * (block_n // 8) * 32 * 16
     wn = warps // (block_m // 16)
     s_nt = block_n // wn // 8
     # kQKSplit 4 (quads): a warp publishes 3 blocks at 16-token tiles, 2 per round (of 2) at 32.

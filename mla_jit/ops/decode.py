@@ -9,15 +9,13 @@ call is a signature lookup, the plan's launch and nothing else.
 """
 from __future__ import annotations
 
-import math
-from typing import NamedTuple
-
 import torch
 
 from ..configs.decode import SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES
 from ..errors import FeatureNotAvailableError, InvalidArgumentError
 from ..runtimes import decode_plan as runtime
-from . import library, validate
+from . import library, sparse_decode, validate
+from .schedule import FlashMLASchedMeta, SchedConfig, settle_schedule  # noqa: F401  (public: mla_jit.FlashMLASchedMeta)
 
 _FP8 = torch.float8_e4m3fn
 _Q_DTYPES = (torch.bfloat16, torch.float16, _FP8)
@@ -26,40 +24,6 @@ _MAX_S_Q = 16   # draft tokens per sequence (speculative decoding, multi-token p
 _MAX_H_KV = 8
 # FlashMLA's is_fp8_kvcache: its sparse (V3.2) cache of 656-byte FP8 records, not the plain e4m3 cache.
 _FP8_RECORDS = "FlashMLA's FP8 KV cache records (656 bytes a token; for a plain e4m3 cache pass e4m3 q and k_cache)"
-
-
-class SchedConfig(NamedTuple):
-    """What a FlashMLASchedMeta's schedule was computed for (FlashMLASchedMeta.Config's fields)."""
-    b: int
-    s_q: int
-    h_q: int
-    page_block_size: int
-    h_k: int
-    causal: bool
-    is_fp8_kvcache: bool
-    topk: int | None
-    extra_page_block_size: int | None
-    extra_topk: int | None
-
-
-class FlashMLASchedMeta:
-    """FlashMLA's lazy schedule (its 2026-01 API): `get_mla_metadata()` returns an empty one; the
-    first `flash_mla_with_kvcache` call computes the schedule on the GPU (capturable in a CUDA
-    graph) and stores it here; later calls reuse it while batch, s_q, h_q, h_kv, page size, causal
-    and the flags stay the same (a mismatch raises InvalidArgumentError naming the field). Reuse it
-    only while cache_seqlens holds the same values (one decoding step, every layer)."""
-
-    Config = SchedConfig
-
-    def __init__(self) -> None:
-        self.have_initialized = False
-        self.config: SchedConfig | None = None
-        self.tile_scheduler_metadata: torch.Tensor | None = None   # (num_sm_parts, 8) int32
-        self.num_splits: torch.Tensor | None = None                # (b + 1,) int32
-        self._checked = None  # (q.shape, k_cache.shape, causal) of the last call found consistent
-
-    def __repr__(self) -> str:
-        return f"FlashMLASchedMeta(have_initialized={self.have_initialized}, config={self.config})"
 
 
 # ---- get_mla_metadata ----------------------------------------------------------------------
@@ -85,10 +49,11 @@ def get_mla_metadata(*args, **kwargs):
 def _metadata_tensors(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, num_heads_k: int,
                       num_heads_q: int | None = None, is_fp8_kvcache: bool = False,
                       topk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    if topk is not None:  # the sparse decode's schedule (FlashMLA's pre-2026 form)
+        return sparse_decode.metadata_tensors(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q,
+                                              is_fp8_kvcache, topk)
     if is_fp8_kvcache:
-        raise FeatureNotAvailableError("is_fp8_kvcache", _FP8_RECORDS)
-    if topk is not None:
-        raise FeatureNotAvailableError("topk", "sparse attention")
+        raise FeatureNotAvailableError("is_fp8_kvcache", _FP8_RECORDS + " without topk (dense decode)")
     if library.compiling():
         return _metadata_op(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
     return _metadata_eager(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
@@ -152,10 +117,16 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     (with `num_splits` the second), or a FlashMLASchedMeta from get_mla_metadata() (`num_splits`
     None). An e4m3 q and cache take per-tensor descales `descale_q` / `descale_k` (float32 (1,) on
     q's device; None: 1.0), as SGLang passes them: see flash_mla_with_kvcache_fp8. A bf16 / fp16 q
-    over an e4m3 cache (descale_k only) reads the cache de-quantized on chip, out in q's dtype. The sparse
-    arguments and `is_fp8_kvcache` (FlashMLA's FP8 sparse record format) are accepted for FlashMLA's
-    signature and raise FeatureNotAvailableError until those kernels land."""
-    if (is_fp8_kvcache or indices is not None or attn_sink is not None or extra_k_cache is not None
+    over an e4m3 cache (descale_k only) reads the cache de-quantized on chip, out in q's dtype. With
+    `indices` this is FlashMLA's sparse (DSA) decode over its FP8 cache records (is_fp8_kvcache,
+    topk_length, attn_sink: ops/sparse_decode.py); the extra_* KV cache raises FeatureNotAvailableError."""
+    if indices is not None:  # sparse (DSA) decode
+        if extra_k_cache is not None or extra_indices_in_kvcache is not None or extra_topk_length is not None:
+            _reject_unavailable(False, None, None, extra_k_cache, extra_indices_in_kvcache, None, extra_topk_length)
+        return sparse_decode.sparse_decode(q, k_cache, indices, head_dim_v, tile_scheduler_metadata, num_splits,
+                                           softmax_scale, causal, is_fp8_kvcache, topk_length, attn_sink,
+                                           descale_q, descale_k)
+    if (is_fp8_kvcache or attn_sink is not None or extra_k_cache is not None
             or extra_indices_in_kvcache is not None or topk_length is not None or extra_topk_length is not None):
         _reject_unavailable(is_fp8_kvcache, indices, attn_sink, extra_k_cache, extra_indices_in_kvcache,
                             topk_length, extra_topk_length)
@@ -222,23 +193,14 @@ def _schedule_of(sched: FlashMLASchedMeta, num_splits, q, k_cache, cache_seqlens
             raise InvalidArgumentError(name, "a 4-dim torch.Tensor", repr(getattr(value, "shape", type(value))))
     config = SchedConfig(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2], bool(causal),
                          False, None, None, None)
-    if sched.tile_scheduler_metadata is None:
+
+    def compute():
         h_kv = k_cache.shape[2]
         if not 1 <= h_kv <= _MAX_H_KV or q.shape[2] % h_kv:
             raise InvalidArgumentError("k_cache", f"h_kv (dim 2) in [1, {_MAX_H_KV}] dividing h_q={q.shape[2]}",
                                        str(h_kv))
-        metadata, splits = _metadata_tensors(cache_seqlens, q.shape[1] * q.shape[2] // h_kv, h_kv)
-        sched.tile_scheduler_metadata, sched.num_splits = metadata, splits
-        sched.config, sched.have_initialized, sched._checked = config, True, shapes
-        return metadata, splits
-    if sched.config != config:
-        for field, was, now in zip(SchedConfig._fields, sched.config, config):
-            if was != now:
-                raise InvalidArgumentError(
-                    "tile_scheduler_metadata", f"a call consistent with its first one ({field}={was!r}); use a "
-                    "new get_mla_metadata() schedule for other shapes", f"{field}={now!r}")
-    sched._checked = shapes
-    return sched.tile_scheduler_metadata, sched.num_splits
+        return _metadata_tensors(cache_seqlens, q.shape[1] * q.shape[2] // h_kv, h_kv)
+    return settle_schedule(sched, config, shapes, compute)
 
 
 def _descale_form(descale):
@@ -284,12 +246,7 @@ def _decode_eager(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_sched
     q_ptr, k_ptr = q.data_ptr(), k_cache.data_ptr()
     if q_ptr % 16 or k_ptr % 16:
         raise InvalidArgumentError("q/k_cache", "16-byte aligned data pointers", f"{hex(q_ptr)}, {hex(k_ptr)}")
-    if softmax_scale is None:
-        scale = plan.default_scale
-    elif isinstance(softmax_scale, (float, int)) and math.isfinite(softmax_scale):
-        scale = float(softmax_scale)
-    else:
-        raise InvalidArgumentError("softmax_scale", "a finite float or None", repr(softmax_scale))
+    scale = validate.softmax_scale(softmax_scale, plan.default_scale)
     return plan.run(q, q_ptr, k_cache, k_ptr, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, scale,
                     causal, descale_q, descale_k)
 
@@ -364,8 +321,7 @@ def _check_decode_args(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_
                                    "from get_mla_metadata", f"shape {tuple(tile_scheduler_metadata.shape)}")
     _int32_vector("num_splits", num_splits, b + 1, device)
     check_output_offsets(q.shape, tile_scheduler_metadata.shape[0], head_dim_v)
-    if softmax_scale is not None and not (isinstance(softmax_scale, (float, int)) and math.isfinite(softmax_scale)):
-        raise InvalidArgumentError("softmax_scale", "a finite float or None", repr(softmax_scale))
+    validate.softmax_scale(softmax_scale, 1.0)
 
 
 def _check_descales(q, k_cache, descale_q, descale_k) -> None:
@@ -388,3 +344,4 @@ def check_output_offsets(q_shape, num_sm_parts: int, head_dim_v: int) -> None:
     if (b + num_sm_parts) * s_q * h_q * head_dim_v >= 2 ** 31:
         raise InvalidArgumentError("q", "(batch + num_sm_parts) * s_q * h_q * head_dim_v < 2^31",
                                    f"shape {tuple(q_shape)} with {num_sm_parts} sm parts")
+

@@ -1,6 +1,8 @@
 """Argument checks shared by the ops. Each raises InvalidArgumentError naming the argument."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..errors import InvalidArgumentError
@@ -42,3 +44,12 @@ def shape(name: str, value: torch.Tensor, expected: tuple) -> None:
 def aligned(name: str, value: torch.Tensor, alignment: int) -> None:
     if value.data_ptr() % alignment:
         raise InvalidArgumentError(name, f"a data pointer aligned to {alignment} bytes", hex(value.data_ptr()))
+
+
+def softmax_scale(value, default: float) -> float:
+    """The softmax scale a call asked for: `default` for None, else a finite number."""
+    if value is None:
+        return default
+    if isinstance(value, (float, int)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    raise InvalidArgumentError("softmax_scale", "a finite float or None", repr(value))

@@ -21,7 +21,7 @@ constexpr int kCombineThreads = kCombineRowsPerCta * 32;
 // nothing for a single-split batch (the split-KV kernel wrote it), out = 0 / lse = +inf for an
 // empty one. kWrittenByThisGrid: the partials were written by other CTAs of the calling grid (the
 // fused combine), so they are read through L2 (ld.global.cg) rather than the read-only path.
-template <typename Element, int HEAD_DIM_V, bool kWrittenByThisGrid>
+template <typename Element, int HEAD_DIM_V, bool kWrittenByThisGrid, bool kSparse = false>
 __device__ __forceinline__ void combine_row(const DecodeParams& p, int bi, int g, int r, int lane) {
   static_assert(HEAD_DIM_V % 128 == 0, "one float4 per lane per 128 columns");
   constexpr int kVecPerLane = HEAD_DIM_V / 128;
@@ -33,7 +33,7 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int bi, int g
 
   const auto [s, h] = query_row(p, g, r);
   Element* out = reinterpret_cast<Element*>(p.out) + ((long long)(bi * p.s_q + s) * p.h_q + h) * HEAD_DIM_V;
-  float* lse_out = p.lse + ((long long)bi * p.h_q + h) * p.s_q + s;
+  float* lse_out = p.lse + lse_index<kSparse>(p, bi, h, s);
 
   float acc[kVecPerLane * 4];
 #pragma unroll
@@ -58,11 +58,12 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int bi, int g
     lse_final = any ? lse2 * 0.69314718055994530942f : kInf;
 
     if (any) {
+      const float sink = kSparse ? sink_factor(p, h, lse2) : 1.f;  // folded into the split weights
       const float* o_acc = p.o_accum + ((long long)split_begin * row_stride + (long long)g * p.rows + r) * HEAD_DIM_V;
       const long long o_split_stride = row_stride * HEAD_DIM_V;
 #pragma unroll 2
       for (int i = 0; i < nsplit; ++i) {
-        const float w = exp2f(load_f(lse_acc + i * row_stride) - lse2);  // uniform across the warp
+        const float w = exp2f(load_f(lse_acc + i * row_stride) - lse2) * sink;  // uniform across the warp
         if (w != 0.f) {  // skip splits that saw no key (their partial o is 0 anyway)
           const float4* src = reinterpret_cast<const float4*>(o_acc + i * o_split_stride);
 #pragma unroll
@@ -91,7 +92,8 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int bi, int g
 // batches with more splits (only possible with more SM parts than this) take combine_row.
 constexpr int kCombineMaxStagedSplits = 512;
 
-template <typename Element, int HEAD_DIM_V>
+// kSparse: the sparse decode's rows (lse_fold, attention sink).
+template <typename Element, int HEAD_DIM_V, bool kSparse = false>
 __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
   static_assert(HEAD_DIM_V % 128 == 0, "one float4 per lane per 128 columns");
   constexpr int kVecPerLane = HEAD_DIM_V / 128;
@@ -117,7 +119,7 @@ __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
   if (nsplit == 1) return;  // written directly by the split-KV kernel
 
   if (nsplit > kCombineMaxStagedSplits) {
-    if (r < p.rows) combine_row<Element, HEAD_DIM_V, /*kWrittenByThisGrid=*/false>(p, bi, g, r, lane);
+    if (r < p.rows) combine_row<Element, HEAD_DIM_V, /*kWrittenByThisGrid=*/false, kSparse>(p, bi, g, r, lane);
     return;
   }
   // Every row's split LSEs (log2 units; -inf: the split saw no key) in one parallel round.
@@ -141,7 +143,11 @@ __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   const bool any = sum > 0.f;  // else no split saw a key: out = 0, lse = +inf
   const float lse2 = any ? mx_use + log2f(sum) : kInf;
-  for (int i = lane; i < nsplit; i += 32) s_w[warp][i] = any ? exp2f(s_w[warp][i] - lse2) : 0.f;
+  float sink = 1.f;  // the attention sink's factor, folded into the split weights
+  if constexpr (kSparse) {
+    if (any) sink = sink_factor(p, query_row(p, g, r).head, lse2);
+  }
+  for (int i = lane; i < nsplit; i += 32) s_w[warp][i] = any ? exp2f(s_w[warp][i] - lse2) * sink : 0.f;
   __syncwarp();
 
   // out = sum_i w_i o_i. Every split wrote all rows of its slot (zeros where it saw no key), so
@@ -165,7 +171,7 @@ __device__ __forceinline__ void mla_combine_body(const DecodeParams& p) {
     }
   }
   const auto [s, h] = query_row(p, g, r);
-  if (lane == 0) p.lse[((long long)bi * p.h_q + h) * p.s_q + s] = any ? lse2 * 0.69314718055994530942f : kInf;
+  if (lane == 0) p.lse[lse_index<kSparse>(p, bi, h, s)] = any ? lse2 * 0.69314718055994530942f : kInf;
   Element* out = reinterpret_cast<Element*>(p.out) + ((long long)(bi * p.s_q + s) * p.h_q + h) * HEAD_DIM_V;
 #pragma unroll
   for (int j = 0; j < kVecPerLane; ++j) {

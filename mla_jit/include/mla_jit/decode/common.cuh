@@ -51,23 +51,58 @@ struct DecodeParams {
   float scale;       // softmax scale (natural)
   float scale_log2;  // scale * log2(e)
   int causal;
+  // Rows bi of q / out are (batch bi / lse_fold, query position bi % lse_fold) of lse (b, h_q, s_q):
+  // the sparse decode flattens (b, s_q) into its batch of single-token rows (s_q = 1 here, lse_fold =
+  // the caller's s_q); 1 for dense decode.
+  int lse_fold;
   // Fused combine (ws schedule): one arrival counter per (batch, KV head, row tile), zero between
   // launches (the CTA that completes a batch's count resets it). Unused by the other kernels.
   int* combine_counters;
   // e4m3 q and cache: per-tensor descales (float32 (1,) on the GPU; nullptr for 16-bit kernels).
   const float* descale_q;
   const float* descale_k;
+  // Sparse (DSA) decode over FP8 records (nullptr / 0 otherwise). block_table holds the indices
+  // ((b * s_q, topk) rows of stride block_table_stride; -1 or >= kv_tokens: invalid).
+  const int* topk_length;     // (b,) of the caller's batch, or nullptr (topk everywhere)
+  const float* attn_sink;     // (h_q,) or nullptr
+  long long kv_block_stride;  // bytes between cache pages
+  int topk;
+  int kv_tokens;              // num_blocks * page_size
 };
 // runtimes/decode.py packs this struct (DECODE_PARAMS); the CPU tests pin both to this size.
-static_assert(sizeof(DecodeParams) == 176, "DecodeParams layout");
+static_assert(sizeof(DecodeParams) == 208, "DecodeParams layout");
+
+// Offset in lse (b, h_q, s_q) of row (bi, head, s) of the kernels' batch; kFolded (sparse decode):
+// bi is a flattened (b, s_q) row (see lse_fold), the division only there.
+template <bool kFolded = false>
+__device__ __forceinline__ long long lse_index(const DecodeParams& p, int bi, int head, int s) {
+  if constexpr (kFolded) {
+    const int b = bi / p.lse_fold, s_fold = bi - b * p.lse_fold;
+    return ((long long)b * p.h_q + head) * p.lse_fold + s_fold;  // (the kernels' s_q is 1)
+  } else {
+    return ((long long)bi * p.h_q + head) * p.s_q + s;
+  }
+}
+
+// The attention sink's factor on out of a row of head `head` with log-sum-exp lse2 (log2 units):
+// exp(lse) / (exp(lse) + exp(sink)); 1 without a sink. (lse2 = -inf: 0, and out is 0 anyway.)
+__device__ __forceinline__ float sink_factor(const DecodeParams& p, int head, float lse2) {
+  if (p.attn_sink == nullptr) return 1.f;
+  return 1.f / (1.f + exp2f(fmaf(__ldg(p.attn_sink + head), 1.44269504088896341f, -lse2)));
+}
 
 // Parameters of the scheduler-metadata kernel.
 struct MetadataParams {
-  const int* cache_seqlens;      // (b,)
+  const int* cache_seqlens;      // (b,); unused when fixed_length >= 0
   int* tile_scheduler_metadata;  // [num_sm_parts][8]
   int* num_splits;               // [b + 1]
   int b, num_sm_parts, block_n, fixed_overhead_blocks;
+  int fixed_length;              // >= 0: every sequence has this length (sparse decode: topk); -1: cache_seqlens
 };
+
+__device__ __forceinline__ int sequence_length(const MetadataParams& p, int i) {
+  return p.fixed_length >= 0 ? p.fixed_length : p.cache_seqlens[i];
+}
 
 // Metadata row layout (int32 x 8 per SM part).
 enum : int {
@@ -108,11 +143,12 @@ __device__ __forceinline__ PieceDest piece_dest(const DecodeParams& p, int bi, i
 // LSE of query row r (KV head g) of a finished piece of batch bi, given in log2 units (-inf: the
 // row saw no key): the natural log into lse (+inf for no key) when the batch has a single split,
 // else the log2 partial into lse_accum for the combine kernel.
+template <bool kFolded = false>
 __device__ __forceinline__ void store_piece_lse(const DecodeParams& p, PieceDest dest, int bi, int g, int r,
                                                 float lse2) {
   if (dest.single) {
     const auto [s, head] = query_row(p, g, r);
-    p.lse[((long long)bi * p.h_q + head) * p.s_q + s] = lse2 == -kInf ? kInf : lse2 * 0.69314718055994530942f;
+    p.lse[lse_index<kFolded>(p, bi, head, s)] = lse2 == -kInf ? kInf : lse2 * 0.69314718055994530942f;
   } else {
     p.lse_accum[((long long)dest.slot * p.h_kv + g) * p.rows + r] = lse2;
   }

@@ -30,7 +30,7 @@ __device__ __forceinline__ void mla_metadata_body(const MetadataParams& p) {
   // Total payload (parallel reduction; sequential greedy below is O(b + parts)).
   long long local = 0;
   for (int i = tid; i < p.b; i += kMetadataThreads) {
-    const int L = max(p.cache_seqlens[i], 0);
+    const int L = max(sequence_length(p, i), 0);
     if (L > 0) local += (L + bn - 1) / bn + ovh;
   }
 #pragma unroll
@@ -51,7 +51,7 @@ __device__ __forceinline__ void mla_metadata_body(const MetadataParams& p) {
   for (int part = 0; part < parts; ++part) {
     int* meta = p.tile_scheduler_metadata + part * kMetaSize;
     // Skip empty sequences so that a part never starts on one.
-    while (cur_b < p.b && p.cache_seqlens[cur_b] <= 0) {
+    while (cur_b < p.b && sequence_length(p, cur_b) <= 0) {
       p.num_splits[cur_b + 1] = prefix;
       ++cur_b;
     }
@@ -68,7 +68,7 @@ __device__ __forceinline__ void mla_metadata_body(const MetadataParams& p) {
     long long remain = (part == parts - 1) ? (1ll << 62) : payload;
     int end_b = cur_b, end_tok = 0;
     while (cur_b < p.b) {
-      const int L = p.cache_seqlens[cur_b];
+      const int L = sequence_length(p, cur_b);
       if (L <= 0) {  // empty sequence inside a part: no split
         p.num_splits[cur_b + 1] = prefix;
         ++cur_b;

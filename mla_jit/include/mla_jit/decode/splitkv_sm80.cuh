@@ -66,8 +66,9 @@ namespace decode {
 
 // SMEM_LIMIT: the largest dynamic shared memory one block of the tuning arch may opt in to
 // (sm_80 163 KB, sm_86 / sm_89 99 KB; configs/decode.py picks the tiles to fit it).
+// SPARSE_FP8: the sparse (DSA) decode over FlashMLA's 656-byte FP8 records (see "Sparse decode" below).
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_, int BLOCK_N_,
-          int NUM_STAGES_, int NUM_WARPS_, int SMEM_LIMIT_>
+          int NUM_STAGES_, int NUM_WARPS_, int SMEM_LIMIT_, bool SPARSE_FP8_ = false>
 struct SplitKVSm80Config {
   using Element = Element_;
   static constexpr int HEAD_DIM = HEAD_DIM_;
@@ -79,6 +80,7 @@ struct SplitKVSm80Config {
   static constexpr int NUM_WARPS = NUM_WARPS_;
   static constexpr int NUM_THREADS = NUM_WARPS * 32;
   static constexpr int SMEM_LIMIT = SMEM_LIMIT_;
+  static constexpr bool kSparse = SPARSE_FP8_;
 
   // Variant: Q in registers (one 16-row tile, QK split over d across the 4 warps) or in smem.
   static constexpr bool kQInRegs = BLOCK_M == 16;
@@ -121,6 +123,9 @@ struct SplitKVSm80Config {
                 "Q in smem: warp pairs cover 32-row groups x whole n8 tiles of S");
   static_assert(kQKSplit == 2 || NUM_WARPS == 2 * WM, "quads: one group of 4 warps per 32 rows, all tokens");
   static_assert(kORegs <= 128, "O accumulator would not fit the register file (use more warps or a smaller BLOCK_M)");
+  static_assert(!kSparse || (kQInRegs && HEAD_DIM == 576 && HEAD_DIM_V == 512 &&
+                             cute::is_same_v<Element, cutlass::bfloat16_t> && NUM_STAGES >= 3),
+                "sparse decode: Q in registers, d 576 / dv 512, bf16, >= 3 stages (tiles are de-quantized one ahead)");
 
   // 16-byte chunks.
   static constexpr int kRowChunks = HEAD_DIM / 8;          // per Q / KV row
@@ -132,6 +137,14 @@ struct SplitKVSm80Config {
   static_assert(NUM_THREADS % BLOCK_N == 0 && kRowChunks % kThreadsPerToken == 0 &&
                     (kThreadsPerToken % 8 == 0 || 8 % kThreadsPerToken == 0),
                 "every thread copies whole chunks of one token");
+
+  // Sparse decode over FP8 records: a token's record is 512 e4m3 values, 4 float32 scales (one per
+  // 128 values) and 64 bf16 rope values. The first 528 bytes land in a landing slot (one per stage),
+  // the rope straight in its K stage row; a byte per token says whether its index was valid.
+  static constexpr int kRecordBytes = 656, kNopeBytes = 512, kLandRowBytes = 528;
+  static constexpr int kRecordChunks = kRecordBytes / 16, kLandChunks = kLandRowBytes / 16;
+  static constexpr int kLandBytes = kSparse ? NUM_STAGES * BLOCK_N * kLandRowBytes : 0;
+  static constexpr int kFlagBytes = kSparse ? (NUM_STAGES * BLOCK_N + 15) / 16 * 16 : 0;
 
   // Shared memory map (bytes; every piece 16-byte aligned).
   static constexpr int kQBytes = kQInRegs ? 0 : BLOCK_M * HEAD_DIM * 2;
@@ -145,7 +158,9 @@ struct SplitKVSm80Config {
   static constexpr int kRedBytes = kQInRegs ? 0 : WN * BLOCK_M * 4;
   static constexpr int kOffQ = 0;
   static constexpr int kOffKV = kOffQ + kQBytes;
-  static constexpr int kOffP = kOffKV + NUM_STAGES * kStageBytes;  // = xS
+  static constexpr int kOffLand = kOffKV + NUM_STAGES * kStageBytes;  // sparse: landing slots
+  static constexpr int kOffFlags = kOffLand + kLandBytes;             // sparse: token valid flags
+  static constexpr int kOffP = kOffFlags + kFlagBytes;                // = xS
   static constexpr int kOffRedMax = kOffP + kPXBytes;              // float [WN][BLOCK_M]
   static constexpr int kOffRedSum = kOffRedMax + kRedBytes;        // float [WN][BLOCK_M]
   static constexpr int kOffRowScale = kOffRedSum + kRedBytes;      // float [BLOCK_M]
@@ -198,6 +213,26 @@ __device__ __forceinline__ void lds_f4(float (&v)[4], unsigned addr) {
                : "memory");
 }
 
+// The length of each sequence of the kernel's batch: cache_seqlens, or (sparse decode) topk for all
+// (a type per case: the dense kernel keeps no register for it).
+template <bool kSparse>
+struct Lengths {
+  const int* seqlens;
+  __device__ __forceinline__ int operator()(int b) const { return max(seqlens[b], 0); }
+};
+template <>
+struct Lengths<true> {
+  int topk;
+  __device__ __forceinline__ int operator()(int) const { return topk; }
+};
+template <bool kSparse>
+__device__ __forceinline__ Lengths<kSparse> lengths_of(const DecodeParams& p) {
+  if constexpr (kSparse)
+    return {p.topk};
+  else
+    return {p.cache_seqlens};
+}
+
 // The CTA's walk over its pieces (detail::WorkCursor's protocol) in 4 registers: the metadata row's
 // bounds are re-read (L1 hits) when a piece ends instead of being kept live; bi < 0 = done.
 struct LeanCursor {
@@ -205,10 +240,11 @@ struct LeanCursor {
 
   __device__ __forceinline__ bool valid() const { return bi >= 0; }
   __device__ __forceinline__ bool first_piece(const int* meta) const { return bi == __ldg(meta + kMetaBeginBatch); }
-  __device__ __forceinline__ void seek(const int* meta, const int* seqlens, int b) {
+  template <class Len>
+  __device__ __forceinline__ void seek(const int* meta, const Len& seqlens, int b) {
     const int begin_b = __ldg(meta + kMetaBeginBatch), end_b = __ldg(meta + kMetaEndBatch);
     for (; b <= end_b; ++b) {
-      L = max(seqlens[b], 0);
+      L = seqlens(b);
       const int start = b == begin_b ? __ldg(meta + kMetaBeginToken) : 0;
       stop = b == end_b ? min(__ldg(meta + kMetaEndToken), L) : L;
       if (start < stop) {
@@ -219,12 +255,13 @@ struct LeanCursor {
     }
     bi = -1;
   }
-  __device__ __forceinline__ void init(const int* meta, const int* seqlens) {
+  template <class Len>
+  __device__ __forceinline__ void init(const int* meta, const Len& seqlens) {
     seek(meta, seqlens, __ldg(meta + kMetaBeginBatch));
   }
   // Returns true when the tile just left was the last one of its piece.
-  template <int BLOCK_N>
-  __device__ __forceinline__ bool advance(const int* meta, const int* seqlens) {
+  template <int BLOCK_N, class Len>
+  __device__ __forceinline__ bool advance(const int* meta, const Len& seqlens) {
     tok += BLOCK_N;
     if (tok < stop) return false;
     seek(meta, seqlens, bi + 1);
@@ -280,7 +317,8 @@ struct KVProducer {
   int tok_in_tile, q, stage = 0;
   unsigned dst_off[kLow];
 
-  __device__ __forceinline__ void init(const int* meta_, const int* seqlens, const DecodeParams& p, int tid) {
+  __device__ __forceinline__ void init(const int* meta_, const Lengths<Cfg::kSparse>& seqlens, const DecodeParams& p,
+                                      int tid) {
     meta = meta_;
     tok_in_tile = tid / TPT;
     q = tid % TPT;
@@ -295,13 +333,29 @@ struct KVProducer {
   }
   __device__ __forceinline__ void fetch_row(const DecodeParams& p) {
     const int t = cur.tok + tok_in_tile;
-    kv_in = t % PAGE;
-    kv_page = t < cur.stop ? __ldg(p.block_table + (long long)cur.bi * p.block_table_stride + t / PAGE) : -1;
+    if constexpr (Cfg::kSparse) {
+      kv_page = sparse_row(p, cur.bi, t, cur.stop);
+    } else {
+      kv_in = t % PAGE;
+      kv_page = t < cur.stop ? __ldg(p.block_table + (long long)cur.bi * p.block_table_stride + t / PAGE) : -1;
+    }
+  }
+  // Sparse: the cache row (page * PAGE + offset) of token t of row bi's index list, or -1 where the
+  // token is past the piece or the row's topk_length, or its index is -1 or out of the cache.
+  __device__ __forceinline__ static int sparse_row(const DecodeParams& p, int bi, int t, int stop) {
+    if (t >= stop) return -1;
+    if (p.topk_length != nullptr && t >= __ldg(p.topk_length + bi / p.lse_fold)) return -1;
+    const int idx = __ldg(p.block_table + (long long)bi * p.block_table_stride + t);
+    return unsigned(idx) < unsigned(p.kv_tokens) ? idx : -1;
   }
   // Issues the next tile (if any) into the next stage and commits one group (always: the group
-  // count stays = the tile count).
+  // count stays = the tile count). sAux: the sparse landing slots and flags (unused otherwise).
   __device__ __forceinline__ void issue(const DecodeParams& p, const Element* k_cache, unsigned sKV, int g,
-                                        const int* seqlens) {
+                                        const Lengths<Cfg::kSparse>& seqlens, unsigned sAux = 0) {
+    if constexpr (Cfg::kSparse) {
+      issue_record(p, k_cache, sKV, sAux, seqlens);
+      return;
+    }
     if (cur.valid()) {
       const unsigned dst = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
       const int kr = kv_page >= 0 ? kv_page * PAGE + kv_in : -1;  // cache row, -1 = zero-fill
@@ -318,7 +372,76 @@ struct KVProducer {
     cp_async_commit();
     stage = stage + 1 == NS ? 0 : stage + 1;
   }
+  // Sparse: this thread's chunks c = q + TPT i of its token's record: 0-32 (e4m3 values, scales) to
+  // the landing slot, 33-40 (rope) to K chunks 64-71; invalid tokens zero-filled (never read).
+  __device__ __forceinline__ void issue_record(const DecodeParams& p, const Element* k_cache, unsigned sKV,
+                                               unsigned sAux, const Lengths<Cfg::kSparse>& seqlens) {
+    if (cur.valid()) {
+      const int kr = kv_page;
+      const unsigned char* rec = reinterpret_cast<const unsigned char*>(k_cache);
+      if (kr >= 0) rec += (long long)(kr / PAGE) * p.kv_block_stride + (kr % PAGE) * Cfg::kRecordBytes;
+      const int bytes = kr >= 0 ? 16 : 0;
+      cur.template advance<Cfg::BLOCK_N>(meta, seqlens);
+      if (cur.valid()) fetch_row(p);
+      const unsigned land = sAux + unsigned((stage * Cfg::BLOCK_N + tok_in_tile) * Cfg::kLandRowBytes);
+      const unsigned krow = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes) + unsigned(tok_in_tile * RC) * 16u;
+      const int r7 = tok_in_tile & 7;
+#pragma unroll
+      for (int i = 0; i < (Cfg::kRecordChunks + TPT - 1) / TPT; ++i) {
+        const int c = q + TPT * i;
+        if (c < Cfg::kLandChunks) {
+          cp_async_16(land + unsigned(c) * 16u, rec + c * 16, bytes);
+        } else if (c < Cfg::kRecordChunks) {  // rope chunk j = c - 33 -> K chunk 64 + j (swizzled)
+          cp_async_16(krow + unsigned((((c - Cfg::kLandChunks) ^ r7) * 16) + (Cfg::kNopeBytes / 8) * 16),
+                      rec + c * 16, bytes);
+        }
+      }
+      if (q == 0) {
+        const unsigned flag = sAux + unsigned(Cfg::kLandBytes + stage * Cfg::BLOCK_N + tok_in_tile);
+        asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(flag), "r"(kr >= 0 ? 1 : 0) : "memory");
+      }
+    }
+    cp_async_commit();
+    stage = stage + 1 == NS ? 0 : stage + 1;
+  }
 };
+
+// Sparse: e4m3 byte k of w as float32, exactly: its sign, exponent and mantissa moved into
+// float32's sign and low exponent / high mantissa bits give the value x 2^-120 (subnormals
+// included, as float32 subnormals: no flush to zero here), then x 2^120.
+__device__ __forceinline__ float e4m3_to_f32(unsigned w, int k) {
+  const unsigned top = __byte_perm(w, 0u, unsigned(k << 12) | 0x444u);  // byte k on top, zeros below
+  return __uint_as_float(unsigned(int(top) >> 4) & 0x87F00000u) * 0x1p120f;
+}
+
+// Sparse: the e4m3 values of the tile in landing slot sLand, de-quantized (x their 128-value
+// scale, rounded once to bf16 as the float32 reference does) into the K stage at sK, columns
+// 0-511 (swizzled). Thread t converts 8 values (one 16-byte K chunk) per step: a warp reads 256
+// contiguous bytes and writes one row's 32 chunks.
+template <typename Cfg>
+__device__ __forceinline__ void dequant_tile(unsigned sLand, unsigned sK, int tid) {
+  constexpr int kUnits = Cfg::BLOCK_N * Cfg::kNopeBytes / 8, RC = Cfg::kRowChunks;
+#pragma unroll 2
+  for (int u = tid; u < kUnits; u += Cfg::NUM_THREADS) {
+    const int tok = u / (Cfg::kNopeBytes / 8), c8 = u % (Cfg::kNopeBytes / 8);
+    const unsigned row = sLand + unsigned(tok * Cfg::kLandRowBytes);
+    unsigned w0, w1;
+    float scale;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w0), "=r"(w1) : "r"(row + unsigned(c8 * 8)));
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(scale) : "r"(row + unsigned(Cfg::kNopeBytes + (c8 / 16) * 4)));
+    unsigned out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const unsigned w = j < 2 ? w0 : w1;
+      out[j] = ElemTraits<cutlass::bfloat16_t>::pack2(e4m3_to_f32(w, 2 * (j % 2)) * scale,
+                                                      e4m3_to_f32(w, 2 * (j % 2) + 1) * scale);
+    }
+    const unsigned dst = sK + unsigned(tok * RC) * 16u + unsigned(((c8 & 7) ^ (tok & 7)) * 16 + (c8 >> 3) * 128);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(out[0]), "r"(out[1]), "r"(out[2]),
+                 "r"(out[3])
+                 : "memory");
+  }
+}
 
 // Row r of a finished piece's O (this thread's O_NT n8 tiles; row half h of the m16 fragment `o`,
 // columns col_base + 8 nt + {0, 1}), scaled by inv_l: into out when the batch has a single split,
@@ -440,7 +563,7 @@ __device__ __forceinline__ void qregs_partial_s(const QRegsState<Cfg>& st, unsig
 // bit-identical S; then the mask (a select: NaN never survives).
 template <typename Cfg>
 __device__ __forceinline__ void qregs_reduce_s(float (&s_acc)[Cfg::BLOCK_N / 8][4], unsigned x_ld, int tok,
-                                               const int (&lim)[2], int warp, int tq) {
+                                               const int (&lim)[2], int warp, int tq, unsigned s_flags) {
   constexpr int NTB = Cfg::BLOCK_N / 8, W = Cfg::NUM_WARPS, BN = Cfg::BLOCK_N;
 #pragma unroll
   for (int nt = 0; nt < NTB; ++nt) sts_f4(x_ld + unsigned((warp * NTB + nt) * 32 * 16), s_acc[nt]);
@@ -458,7 +581,16 @@ __device__ __forceinline__ void qregs_reduce_s(float (&s_acc)[Cfg::BLOCK_N / 8][
       for (int e = 0; e < 4; ++e) s_acc[nt][e] += v[e];
     }
   }
-  if (tok + BN > min(lim[0], lim[1])) {
+  if constexpr (Cfg::kSparse) {  // the tile's valid flags (0 also past the piece and topk_length)
+#pragma unroll
+    for (int nt = 0; nt < NTB; ++nt) {
+      unsigned short f2;
+      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(f2) : "r"(s_flags + unsigned(nt * 8 + 2 * tq)));
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (((f2 >> (8 * (e & 1))) & 0xff) == 0) s_acc[nt][e] = -kInf;
+    }
+  } else if (tok + BN > min(lim[0], lim[1])) {
 #pragma unroll
     for (int nt = 0; nt < NTB; ++nt)
 #pragma unroll
@@ -561,14 +693,19 @@ __device__ __forceinline__ void qregs_finish_piece(const DecodeParams& p, const 
   for (int h = 0; h < 2; ++h) {
     const int r = m_block * 16 + g4 + 8 * h;
     if (r >= p.rows) continue;
-    store_o_row<Element, DV>(p, dest, cur.bi, g, r, col_base, st.o, h, l[h] > 0.f ? 1.f / l[h] : 0.f);
+    float inv_l = l[h] > 0.f ? 1.f / l[h] : 0.f;
+    // A single split is the final out: the attention sink applies here (else in the combine).
+    if constexpr (Cfg::kSparse) {
+      if (dest.single) inv_l *= sink_factor(p, query_row(p, g, r).head, st.m_run[h] + log2f(l[h]));
+    }
+    store_o_row<Element, DV>(p, dest, cur.bi, g, r, col_base, st.o, h, inv_l);
   }
   if (lse_writer) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = m_block * 16 + g4 + 8 * h;
       if (r < p.rows) {
-        store_piece_lse(p, dest, cur.bi, g, r, l[h] > 0.f ? st.m_run[h] + log2f(l[h]) : -kInf);
+        store_piece_lse<Cfg::kSparse>(p, dest, cur.bi, g, r, l[h] > 0.f ? st.m_run[h] + log2f(l[h]) : -kInf);
       }
     }
   }
@@ -596,12 +733,19 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
   const int part = blockIdx.x, g = blockIdx.y;
 
   const int* meta = p.tile_scheduler_metadata + part * kMetaSize;
-  const int* seqlens = p.cache_seqlens;
+  const auto seqlens = sm80::lengths_of<Cfg::kSparse>(p);
+
+  const unsigned sAux = s_base + Cfg::kOffLand;  // sparse: landing slots, then flags
 
   sm80::KVProducer<Cfg> prod;
   prod.init(meta, seqlens, p, tid);
 #pragma unroll
-  for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens);
+  for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens, sAux);
+  if constexpr (Cfg::kSparse) {  // tile 0 de-quantized; from then on each tile one ahead of its use
+    sm80::cp_async_wait<NS - 2>();
+    __syncthreads();
+    sm80::dequant_tile<Cfg>(sAux, sKV, tid);
+  }
 
   sm80::LeanCursor cur;
   cur.init(meta, seqlens);
@@ -627,16 +771,23 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
       piece_start = false;
     }
 
-    sm80::cp_async_wait<NS - 2>();  // this thread's copies of tile n landed
-    __syncthreads();                // A: everyone's copies of tile n visible; stage n-1 and xS free
-    prod.issue(p, k_cache, sKV, g, seqlens);  // tile n + NS - 1 -> stage (n - 1) % NS
+    // This thread's copies of tile n landed (sparse: of tile n + 1, de-quantized below).
+    sm80::cp_async_wait<Cfg::kSparse ? NS - 3 : NS - 2>();
+    __syncthreads();  // A: everyone's copies of tile n (+ 1) visible, tile n de-quantized; stage n-1 and xS free
+    prod.issue(p, k_cache, sKV, g, seqlens, sAux);  // tile n + NS - 1 -> stage (n - 1) % NS
+    if constexpr (Cfg::kSparse) {  // tile n + 1: its landing slot into its K stage (read after the next A)
+      const int next = stage + 1 == NS ? 0 : stage + 1;
+      sm80::dequant_tile<Cfg>(sAux + unsigned(next * BN * Cfg::kLandRowBytes),
+                              sKV + unsigned(next) * unsigned(Cfg::kStageBytes), tid);
+    }
 
     const unsigned sK = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
     const bool last = cur.tok + BN >= cur.stop;
 
     float s_acc[NTB][4];
     sm80::qregs_partial_s<Cfg>(st, sK, k_lane, s_acc);
-    sm80::qregs_reduce_s<Cfg>(s_acc, x_ld, cur.tok, st.lim, warp, tq);
+    sm80::qregs_reduce_s<Cfg>(s_acc, x_ld, cur.tok, st.lim, warp, tq,
+                              Cfg::kSparse ? sAux + unsigned(Cfg::kLandBytes + stage * BN) : 0u);
     float sc[2];
     unsigned pa[BN / 16][4];
     sm80::qregs_softmax<Cfg>(p, s_acc, st, sc, pa);
@@ -1008,7 +1159,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
   const int o_col0 = warp * WARP_DV;  // first O column of this warp
 
   const int* meta = p.tile_scheduler_metadata + part * kMetaSize;
-  const int* seqlens = p.cache_seqlens;
+  const auto seqlens = sm80::lengths_of<Cfg::kSparse>(p);
 
   sm80::KVProducer<Cfg> prod;
   prod.init(meta, seqlens, p, tid);
@@ -1018,7 +1169,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
   auto start_kv = [&]() {
     if (!kv_started) {
 #pragma unroll
-      for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens);
+      for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens);  // (dense only)
       kv_started = true;
     }
   };

@@ -1,0 +1,65 @@
+"""Sparse (DSA) decode over FlashMLA's FP8 records: the whole call (schedule reused, as engines do
+across layers), CUDA events, 8 GB L2 flush, median of 20, against FlashMLA's figures measured on the
+H200 (../shared/ANCHORS.md; at h_q 8 / 16 / 32 FlashMLA pads to 64 heads, so its time is the h_q 64 one).
+FLOPs as FlashMLA's test counts them: 2 * b * s_q * h_q * topk * (576 + 512); bytes: the records read
+(656 a selected token), q, out and the indices.
+
+    python bench/bench_sparse_decode.py [--arch sm_80|sm_89] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+import mla_jit
+from timing import time_interleaved  # noqa: E402  (bench/ is sys.path[0])
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from sparse_inputs import SparseCase, make_sparse_inputs  # noqa: E402
+
+# (b, s_q, h_q, FlashMLA us on the H200 at max(h_q, 64) heads); topk 2048, s_k ~32768.
+ROWS = [(128, 1, 64, 119.7), (128, 2, 64, 227.1), (128, 1, 128, 188.0), (128, 2, 128, 364.8),
+        (128, 1, 8, 119.7), (128, 1, 16, 119.7), (128, 1, 32, 119.7), (128, 2, 16, 227.1)]
+TOPK, S_K = 2048, 32768
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--arch", help="tuning forced through MLA_JIT_ARCH (e.g. sm_80, sm_89)")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    if args.arch:
+        os.environ["MLA_JIT_ARCH"] = args.arch
+    flush = torch.empty(8 << 30, dtype=torch.uint8, device="cuda")
+    results = []
+    print(f"{'b':>4} {'s_q':>3} {'h_q':>4} {'us':>8} {'TFLOPS':>7} {'GB/s':>6} {'FlashMLA us':>11} {'ratio':>6}")
+    for b, s_q, h_q, anchor_us in ROWS:
+        case = SparseCase(b, s_q, h_q, TOPK, s_k=S_K, invalid=0.0)
+        q, records, _, indices, _, _ = make_sparse_inputs(case)
+        sink = torch.zeros(h_q, device="cuda")  # FlashMLA's figures were taken with the sink on
+        sched, _ = mla_jit.get_mla_metadata()
+
+        def call():
+            return mla_jit.flash_mla_with_kvcache(q, records, None, None, 512, sched, None, is_fp8_kvcache=True,
+                                                  indices=indices, attn_sink=sink)
+        (us,) = time_interleaved([(lambda: None, call)], flush)
+        flop = 2 * b * s_q * h_q * TOPK * (576 + 512)
+        nbytes = b * s_q * TOPK * (656 + 4) + b * s_q * h_q * (576 + 512) * 2
+        row = {"b": b, "s_q": s_q, "h_q": h_q, "topk": TOPK, "us": us, "tflops": flop / us / 1e6,
+               "gbps": nbytes / us / 1e3, "flashmla_us": anchor_us, "ratio": anchor_us / us,
+               "arch": args.arch or "native"}
+        results.append(row)
+        print(f"{b:>4} {s_q:>3} {h_q:>4} {us:>8.1f} {row['tflops']:>7.1f} {row['gbps']:>6.0f} {anchor_us:>11.1f} "
+              f"{row['ratio']:>6.3f}")
+        del q, records, indices
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

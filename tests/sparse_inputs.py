@@ -1,0 +1,121 @@
+"""Inputs and the float32 reference of the sparse (DSA) decode tests and benchmark: FlashMLA's V3.2
+FP8 cache records (written here from their published layout), index lists with invalid entries,
+and a reference that de-quantizes the records the way FlashMLA's own tests do."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+RECORD_BYTES, NOPE, ROPE, GROUP = 656, 512, 64, 128
+D, DV = NOPE + ROPE, 512
+FP8 = torch.float8_e4m3fn
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseCase:
+    b: int
+    s_q: int
+    h_q: int
+    topk: int
+    s_k: int = 4096          # cache tokens per sequence (indices pick among them)
+    page: int = 64
+    invalid: float = 0.1     # fraction of -1 / out-of-range entries
+    topk_length: bool = False
+    sink: bool = False
+    zero_lengths: bool = False   # some topk_length entries 0 (with topk_length)
+    pow2_scales: bool = True     # FlashMLA's quantizer: ue8m0 scales (powers of two)
+
+    def __str__(self) -> str:
+        flags = "".join(f"-{n}" for n in ("topk_length", "sink", "zero_lengths") if getattr(self, n))
+        return (f"b{self.b}-sq{self.s_q}-hq{self.h_q}-topk{self.topk}-sk{self.s_k}-p{self.page}{flags}"
+                f"{'' if self.pow2_scales else '-f32scales'}")
+
+
+def quantize_records(kv: torch.Tensor, pow2_scales: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(records (num_blocks, page, 1, 656) uint8, the de-quantized cache (num_blocks, page, 576) float32,
+    each value exactly as the kernel sees it: e4m3 x scale rounded once to bf16, rope as bf16)."""
+    num_blocks, page, _ = kv.shape
+    rec = torch.empty((num_blocks, page + 1, RECORD_BYTES), dtype=torch.uint8, device=kv.device)[:, :page]
+    deq = torch.empty((num_blocks, page, D), dtype=torch.float32, device=kv.device)
+    scales = rec[..., NOPE:NOPE + 16].view(torch.float32)
+    for g in range(NOPE // GROUP):
+        part = kv[..., g * GROUP:(g + 1) * GROUP].float()
+        scale = part.abs().amax(-1).clamp_min(1e-4) / 448.0
+        if pow2_scales:
+            scale = torch.exp2(torch.ceil(torch.log2(scale)))
+        q8 = (part / scale[..., None]).to(FP8)
+        rec[..., g * GROUP:(g + 1) * GROUP] = q8.view(torch.uint8)
+        scales[..., g] = scale
+        deq[..., g * GROUP:(g + 1) * GROUP] = (q8.float() * scale[..., None]).to(torch.bfloat16).float()
+    rope = kv[..., NOPE:].to(torch.bfloat16)
+    rec[..., NOPE + 16:] = rope.view(torch.uint8)
+    deq[..., NOPE:] = rope.float()
+    return rec.unsqueeze(2), deq
+
+
+def make_sparse_inputs(case: SparseCase, seed: int = 0):
+    """q (b, s_q, h_q, 576) bf16, records, de-quantized cache, indices (b, s_q, topk) int32 (random
+    tokens of each sequence's pages, some -1 and some past the cache), topk_length (b,) or None,
+    attn_sink (h_q,) or None. Records that no counted index selects are NaN."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    pages_per_seq = -(-case.s_k // case.page)
+    num_blocks = case.b * pages_per_seq + 3
+    kv = torch.randn((num_blocks, case.page, D), generator=gen, device="cuda")
+    records, deq = quantize_records(kv, case.pow2_scales)
+    q = torch.randn((case.b, case.s_q, case.h_q, D), generator=gen, device="cuda").to(torch.bfloat16)
+    block_table = torch.randperm(num_blocks, generator=gen, device="cuda")[:case.b * pages_per_seq]
+    block_table = block_table.view(case.b, pages_per_seq).int()
+    pos = torch.randint(0, case.s_k, (case.b, case.s_q, case.topk), generator=gen, device="cuda")
+    idx = torch.gather(block_table, 1, (pos // case.page).view(case.b, -1)).view_as(pos) * case.page + pos % case.page
+    r = torch.rand(idx.shape, generator=gen, device="cuda")
+    idx = torch.where(r < case.invalid / 2, -1, idx)
+    idx = torch.where((r >= case.invalid / 2) & (r < case.invalid), num_blocks * case.page + (pos % 7), idx)
+    indices = idx.int()
+    topk_length = None
+    if case.topk_length:
+        topk_length = torch.randint(0, case.topk + 1, (case.b,), generator=gen, device="cuda").int()
+        if not case.zero_lengths:
+            topk_length.clamp_(min=1)
+        else:
+            topk_length[0] = 0
+    attn_sink = torch.randn((case.h_q,), generator=gen, device="cuda") * 2 if case.sink else None
+    # NaN in every record no counted index selects (the kernel may not read them).
+    counted = _counted(indices, topk_length, num_blocks * case.page)
+    used = torch.zeros(num_blocks * case.page, dtype=torch.bool, device="cuda")
+    used[indices.long()[counted]] = True
+    records[~used.view(num_blocks, case.page)] = 0xFF   # e4m3 NaN, NaN scales, NaN bf16 rope
+    return q, records, deq, indices, topk_length, attn_sink
+
+
+def _counted(indices, topk_length, kv_tokens):
+    """Mask of the index entries that count: valid and within topk_length."""
+    valid = (indices >= 0) & (indices < kv_tokens)
+    if topk_length is not None:
+        pos = torch.arange(indices.shape[-1], device=indices.device)
+        valid &= pos < topk_length.view(-1, 1, 1)
+    return valid
+
+
+def sparse_reference(q, deq, indices, topk_length, attn_sink, scale=None):
+    """(out (b, s_q, h_q, 512) float32, lse (b, h_q, s_q) float32) as FlashMLA's reference computes
+    them: lse without the sink, out scaled by exp(lse) / (exp(lse) + exp(sink)), rows with no key:
+    out 0, lse +inf. Also max |v| over each query token's keys (b, s_q) for the error bounds."""
+    b, s_q, h_q, d = q.shape
+    scale = d ** -0.5 if scale is None else scale
+    flat = deq.view(-1, D)
+    counted = _counted(indices, topk_length, flat.shape[0])
+    k = flat[indices.long().clamp(0, flat.shape[0] - 1)]          # (b, s_q, topk, 576)
+    k = torch.where(counted[..., None], k, 0.0)
+    s = torch.einsum("bshd,bstd->bsht", q.float(), k) * scale
+    s = s.masked_fill(~counted[:, :, None, :], float("-inf"))
+    lse = torch.logsumexp(s, -1)                                    # (b, s_q, h_q)
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    out = torch.einsum("bsht,bstd->bshd", p, k[..., :DV])
+    if attn_sink is not None:
+        out = out / (1 + torch.exp(attn_sink.view(1, 1, h_q) - lse))[..., None]
+    lonely = torch.isinf(lse)
+    out[lonely] = 0.0
+    lse = torch.where(lonely, float("inf"), lse)
+    v_max = torch.where(counted[..., None], k[..., :DV].abs(), 0.0).amax((-1, -2))   # (b, s_q)
+    return out, lse.transpose(1, 2).contiguous(), v_max

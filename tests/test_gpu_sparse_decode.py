@@ -1,0 +1,153 @@
+"""The sparse (DSA) decode over FlashMLA's FP8 records on a Hopper GPU (the mma.sync kernel; also
+with the Ampere/Ada tunings forced), against a float32 reference of the de-quantized records.
+
+Bounds: the kernel's K and V are exactly the reference's (e4m3 x scale rounded once to bf16), so
+only its own rounding counts: P rounded to bf16 before P V (2^-9 relative, summed in fp32; twice
+that, as the dense FP8 tests allow) and out's bf16 rounding: |out - ref| <= 2^-8 max|v| + 2 ulps,
+1 - cos < 1e-5, lse within 1.25e-4 relative."""
+import pytest
+import torch
+
+import mla_jit
+from mla_jit.errors import FeatureNotAvailableError, InvalidArgumentError
+
+from .sparse_inputs import SparseCase, make_sparse_inputs, sparse_reference
+
+pytestmark = pytest.mark.gpu
+
+
+def _poison_allocator(case: SparseCase) -> None:
+    """NaN-filled blocks handed back to the caching allocator: outputs the op never writes stay NaN."""
+    torch.full((case.b, case.s_q, case.h_q, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    torch.full((case.b, case.h_q, case.s_q), float("nan"), dtype=torch.float32, device="cuda")
+
+
+def _run(case: SparseCase, q, records, indices, topk_length, attn_sink, api: str = "lazy"):
+    if api == "lazy":
+        metadata, num_splits = mla_jit.get_mla_metadata()
+    else:
+        metadata, num_splits = mla_jit.get_mla_metadata(torch.zeros(case.b, dtype=torch.int32, device="cuda"),
+                                                        case.s_q * case.h_q, 1, case.h_q, True, case.topk)
+    _poison_allocator(case)
+    return mla_jit.flash_mla_with_kvcache(q, records, None, None, 512, metadata, num_splits, is_fp8_kvcache=True,
+                                          indices=indices, topk_length=topk_length, attn_sink=attn_sink)
+
+
+def assert_sparse_close(out, lse, ref_out, ref_lse, v_max):
+    out = out.float()
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    inf_ref = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), inf_ref) and (lse[inf_ref] > 0).all(), "lse infinities differ"
+    ulp = torch.ldexp(torch.ones_like(ref_out), torch.frexp(ref_out).exponent - 8)
+    err, bound = (out - ref_out).abs(), 2.0 ** -8 * v_max[..., None, None] + 2 * ulp
+    assert (err <= bound).all(), (f"out: {(err > bound).sum().item()} elements off, worst at "
+                                  f"{(err / bound).max().item():.3g} of the bound, max abs err {err.max():.3g}")
+    x, y = out.double(), ref_out.double()
+    denom = (x * x + y * y).sum()
+    if denom > 0:
+        assert (1 - 2 * (x * y).sum() / denom).item() < 1e-5
+    finite = ~inf_ref
+    close = ((lse - ref_lse).abs() <= 1e-6) | ((lse - ref_lse).abs() <= 1.25e-4 * ref_lse.abs())
+    assert close[finite].all(), f"lse max abs err {(lse - ref_lse)[finite].abs().max():.3g}"
+
+
+def _check(case: SparseCase, api: str = "lazy"):
+    q, records, deq, indices, topk_length, attn_sink = make_sparse_inputs(case, seed=hash(str(case)) % 1000)
+    out, lse = _run(case, q, records, indices, topk_length, attn_sink, api)
+    assert out.shape == (case.b, case.s_q, case.h_q, 512) and out.dtype == torch.bfloat16
+    assert lse.shape == (case.b, case.h_q, case.s_q)
+    assert_sparse_close(out, lse, *sparse_reference(q, deq, indices, topk_length, attn_sink))
+
+
+def _grid() -> list[SparseCase]:
+    cases = []
+    for n, h_q in enumerate((1, 8, 16, 32, 64, 128, 20)):
+        cases.append(SparseCase([3, 8, 2, 5, 2, 1, 4][n], 1 + n % 4, h_q, [64, 2048, 128, 512, 256, 2048, 192][n],
+                                topk_length=n % 2 == 1, sink=n % 3 == 0))
+    cases += [SparseCase(2, 1, 16, 8192, s_k=32768, topk_length=True, sink=True),
+              SparseCase(4, 2, 64, 64, page=16, invalid=0.5), SparseCase(3, 1, 16, 320, page=256),
+              SparseCase(5, 2, 16, 128, topk_length=True, zero_lengths=True, sink=True),
+              SparseCase(2, 1, 16, 256, invalid=1.0), SparseCase(2, 2, 64, 512, pow2_scales=False),
+              SparseCase(64, 2, 128, 2048, s_k=8192), SparseCase(128, 1, 16, 2048, s_k=32768, sink=True)]
+    return cases
+
+
+@pytest.mark.parametrize("case", _grid(), ids=str)
+def test_sparse_decode_matches_reference(case):
+    _check(case)
+
+
+@pytest.mark.parametrize("tuning", ["sm_80", "sm_89"])
+@pytest.mark.parametrize("case", [SparseCase(3, 2, 16, 512, topk_length=True, sink=True),
+                                  SparseCase(2, 1, 128, 2048), SparseCase(4, 1, 8, 64, page=16)], ids=str)
+def test_sparse_decode_ampere_ada_tunings(tuning, case, monkeypatch):
+    """The Ampere/Ada tunings (sm_89: 3 stages in 99 KB), forced on the Hopper GPU."""
+    monkeypatch.setenv("MLA_JIT_ARCH", tuning)
+    _check(case)
+
+
+def test_sparse_decode_schedule_tensors():
+    """get_mla_metadata(cache_seqlens, s_q * h_q, 1, h_q, True, topk): FlashMLA's tensor schedule."""
+    _check(SparseCase(3, 2, 32, 256, topk_length=True, sink=True), api="tensors")
+
+
+def test_sparse_decode_graph_replay_with_new_indices():
+    case = SparseCase(4, 2, 16, 256, topk_length=True, sink=True)
+    q, records, deq, indices, topk_length, attn_sink = make_sparse_inputs(case, seed=5)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    _run(case, q, records, indices, topk_length, attn_sink)  # warm: kernels built, plans made
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        metadata, _ = mla_jit.get_mla_metadata()
+        out, lse = mla_jit.flash_mla_with_kvcache(q, records, None, None, 512, metadata, None, is_fp8_kvcache=True,
+                                                  indices=indices, topk_length=topk_length, attn_sink=attn_sink)
+    for seed in (6, 7):
+        q2, records2, deq2, indices2, topk_length2, sink2 = make_sparse_inputs(case, seed=seed)
+        for dst, src in ((q, q2), (records, records2), (indices, indices2), (topk_length, topk_length2),
+                         (attn_sink, sink2)):
+            dst.copy_(src)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_sparse_close(out, lse, *sparse_reference(q2, deq2, indices2, topk_length2, sink2))
+
+
+def test_sparse_decode_under_torch_compile():
+    case = SparseCase(2, 1, 16, 128, sink=True)
+    q, records, deq, indices, topk_length, attn_sink = make_sparse_inputs(case, seed=11)
+
+    @torch.compile(fullgraph=True)
+    def step(q, records, indices, attn_sink):
+        metadata, num_splits = mla_jit.get_mla_metadata()
+        return mla_jit.flash_mla_with_kvcache(q, records, None, None, 512, metadata, num_splits,
+                                              is_fp8_kvcache=True, indices=indices, attn_sink=attn_sink)
+
+    out, lse = step(q, records, indices, attn_sink)
+    assert_sparse_close(out, lse, *sparse_reference(q, deq, indices, None, attn_sink))
+
+
+def test_sparse_decode_bad_arguments_raise_typed_errors():
+    case = SparseCase(2, 1, 16, 128)
+    q, records, _, indices, _, _ = make_sparse_inputs(case, seed=3)
+
+    def call(**kw):
+        args = dict(q=q, k_cache=records, block_table=None, cache_seqlens=None, head_dim_v=512,
+                    tile_scheduler_metadata=mla_jit.get_mla_metadata()[0], is_fp8_kvcache=True, indices=indices)
+        args.update(kw)
+        return mla_jit.flash_mla_with_kvcache(**args)
+
+    for kw, name in ((dict(q=q.float()), "q"), (dict(k_cache=records[..., :640]), "k_cache"),
+                     (dict(indices=indices.long()), "indices"), (dict(indices=indices[:1]), "indices"),
+                     (dict(head_dim_v=256), "head_dim_v"), (dict(causal=True), "causal"),
+                     (dict(topk_length=torch.ones(3, dtype=torch.int32, device="cuda")), "topk_length"),
+                     (dict(attn_sink=torch.zeros(8, device="cuda")), "attn_sink"),
+                     (dict(q=q.expand(2, 1, 16, 576)[:, :, :, :512]), "q")):
+        with pytest.raises(InvalidArgumentError) as err:
+            call(**kw)
+        assert name in str(err.value), (name, str(err.value))
+    with pytest.raises(FeatureNotAvailableError):
+        call(is_fp8_kvcache=False)
+    with pytest.raises(FeatureNotAvailableError):
+        call(extra_k_cache=records)

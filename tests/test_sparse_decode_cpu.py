@@ -1,0 +1,95 @@
+"""The sparse (DSA) decode without a GPU: configs, the shared memory mirror, argument checks and a
+compile check of the kernel for Hopper and Ada."""
+import pytest
+import torch
+
+from mla_jit.configs.decode import Sm80DecodeConfig
+from mla_jit.configs.sparse import ctas_per_sm, num_sm_parts, sparse_decode_config
+from mla_jit.errors import FeatureNotAvailableError, InvalidArgumentError
+from mla_jit.jit.arch import ArchPair, parse_arch
+from mla_jit.jit.build import build
+from mla_jit.ops import sparse_decode, validate
+from mla_jit.runtimes import registry
+
+from .helpers import sass_of
+
+
+@pytest.mark.parametrize("arch,stages,smem", [("sm_90a", 4, 111_680), ("sm_80", 4, 111_680),
+                                              ("sm_89", 3, 84_784), ("sm_86", 3, 84_784)])
+def test_config_fits_each_arch(arch, stages, smem):
+    cfg = sparse_decode_config(64, parse_arch(arch))
+    assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.sparse) == (16, 16, stages, True)
+    assert cfg.smem_bytes == smem <= cfg.smem_limit
+
+
+def test_config_rejects_what_the_kernel_does_not_serve():
+    with pytest.raises(InvalidArgumentError, match="sparse"):
+        Sm80DecodeConfig("bf16", 576, 512, 64, 32, 16, 3, 4, 163 * 1024, sparse=True)
+    with pytest.raises(InvalidArgumentError, match="sparse"):
+        Sm80DecodeConfig("bf16", 576, 512, 64, 16, 16, 2, 4, 163 * 1024, sparse=True)
+
+
+def test_schedule_parts_cover_one_wave():
+    hopper = parse_arch("sm_90a")
+    assert ctas_per_sm(hopper, 233_472) == 2   # 2 x (111.7 + 1) KB of a 228 KB SM
+    assert num_sm_parts(132, 2, 16) == 264 and num_sm_parts(132, 2, 128) == 33 and num_sm_parts(1, 1, 128) == 1
+
+
+def _args(**kw):
+    q = torch.zeros((2, 2, 16, 576), dtype=torch.bfloat16)
+    args = dict(q=q, k_cache=torch.zeros((4, 64, 1, 656), dtype=torch.uint8),
+                indices=torch.zeros((2, 2, 128), dtype=torch.int32),
+                tile_scheduler_metadata=torch.zeros((8, 8), dtype=torch.int32),
+                num_splits=torch.zeros(5, dtype=torch.int32), head_dim_v=512, topk_length=None, attn_sink=None)
+    args.update(kw)
+    return args
+
+
+@pytest.mark.parametrize("change,name", [
+    (dict(q=torch.zeros((2, 2, 16, 512), dtype=torch.bfloat16)), "q"),
+    (dict(q=torch.zeros((2, 2, 129, 576), dtype=torch.bfloat16)), "q"),
+    (dict(q=torch.zeros((2, 2, 16, 576), dtype=torch.float16)), "q"),
+    (dict(q=torch.zeros((4, 2, 16, 576), dtype=torch.bfloat16)[::2]), "q"),
+    (dict(k_cache=torch.zeros((4, 64, 1, 576), dtype=torch.uint8)), "k_cache"),
+    (dict(k_cache=torch.zeros((4, 64, 1, 656), dtype=torch.bfloat16)), "k_cache"),
+    (dict(k_cache=torch.zeros((4, 48, 1, 656), dtype=torch.uint8)), "k_cache"),
+    (dict(indices=torch.zeros((2, 2, 128), dtype=torch.int64)), "indices"),
+    (dict(indices=torch.zeros((2, 1, 128), dtype=torch.int32)), "indices"),
+    (dict(topk_length=torch.zeros(3, dtype=torch.int32)), "topk_length"),
+    (dict(attn_sink=torch.zeros(16, dtype=torch.float16)), "attn_sink"),
+    (dict(num_splits=torch.zeros(3, dtype=torch.int32)), "num_splits"),
+    (dict(head_dim_v=128), "head_dim_v"),
+])
+def test_bad_arguments_name_the_argument(change, name, monkeypatch):
+    monkeypatch.setattr(validate, "on_gpu", lambda tensor: True)
+    with pytest.raises(InvalidArgumentError) as err:
+        sparse_decode._check_args(**_args(**change))
+    assert name in str(err.value)
+
+
+def test_op_level_rejections():
+    a = _args()
+    call = dict(q=a["q"], k_cache=a["k_cache"], indices=a["indices"], head_dim_v=512,
+                tile_scheduler_metadata=a["tile_scheduler_metadata"], num_splits=a["num_splits"], softmax_scale=None,
+                topk_length=None, attn_sink=None, descale_q=None, descale_k=None)
+    with pytest.raises(InvalidArgumentError, match="causal"):
+        sparse_decode.sparse_decode(**call, causal=True, is_fp8_kvcache=True)
+    with pytest.raises(FeatureNotAvailableError, match="is_fp8_kvcache"):
+        sparse_decode.sparse_decode(**call, causal=False, is_fp8_kvcache=False)
+    with pytest.raises(InvalidArgumentError, match="descale_k"):
+        sparse_decode.sparse_decode(**{**call, "descale_k": torch.ones(1)}, causal=False, is_fp8_kvcache=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch_name", ["sm_90a", "sm_89"])
+def test_sparse_kernel_compiles_without_spills(arch_name, cache_root, monkeypatch, tmp_path):
+    monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
+    arch = ArchPair(parse_arch(arch_name), parse_arch(arch_name))
+    family = registry.get("mla_sparse_decode")
+    cfg = sparse_decode_config(64, arch.tuning)
+    binary = build(family.source(cfg, arch))
+    for entry in family.entry_points(cfg):
+        report = binary.log.split(f"Function properties for {entry}")[1].splitlines()[1]
+        assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
+    sass = sass_of(binary.cubin, tmp_path)
+    assert "HMMA.16816" in sass and "LDGSTS" in sass and "PRMT" in sass
