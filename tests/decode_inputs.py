@@ -29,8 +29,8 @@ class DecodeCase:
                 f"-c{int(self.causal)}-p{self.page}-{str(self.dtype)[6:]}-d{self.d}{'-zeros' if self.zero_lens else ''}")
 
 
-def case_seed(case: DecodeCase) -> int:
-    """A seed fixed by the case's name (str hashes change from one process to the next)."""
+def case_seed(case) -> int:
+    """A seed fixed by a case's name (str hashes change from one process to the next)."""
     return zlib.crc32(str(case).encode()) % 1000
 
 

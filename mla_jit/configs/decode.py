@@ -297,6 +297,13 @@ def ctas_per_sm_for(rows: int, arch: Arch, smem_per_sm: int) -> int:
         return 1
     block_m, block_n, stages, warps = _sm80_tiles(rows, arch)
     smem = max(_sm80_smem_bytes(block_m, block_n, stages, warps, d) for d, _ in SUPPORTED_HEAD_DIMS)
+    return sm80_resident_ctas(smem, warps, block_m, smem_per_sm)
+
+
+def sm80_resident_ctas(smem: int, warps: int, block_m: int, smem_per_sm: int) -> int:
+    """CTAs of an sm80-family kernel (`smem` bytes, `warps` warps, tile rows `block_m`) resident on
+    one SM: what shared memory (+ the driver's 1 KB a block) and the registers ptxas may use under
+    the kernel's __launch_bounds__ both allow; at least 1."""
     by_smem = smem_per_sm // (smem + _SMEM_RESERVED_PER_BLOCK)
     threads = 32 * warps
     reg_cap = min(255, _REGS_PER_SM // (threads * _sm80_min_blocks(block_m)) // _REG_GRANULE * _REG_GRANULE)

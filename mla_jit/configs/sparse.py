@@ -10,8 +10,7 @@ from __future__ import annotations
 import functools
 
 from ..jit.arch import Arch
-from .decode import (_REG_GRANULE, _REGS_PER_SM, _SMEM_RESERVED_PER_BLOCK, Sm80DecodeConfig, _sm80_min_blocks,
-                     _sm80_smem_bytes)
+from .decode import Sm80DecodeConfig, _sm80_smem_bytes, sm80_resident_ctas
 
 # FlashMLA's V3.2 FP8 record of a token: 512 e4m3 values, 4 float32 scales (one per 128 values),
 # 64 bf16 rope values.
@@ -35,14 +34,9 @@ def sparse_decode_config(page_size: int, arch: Arch) -> Sm80DecodeConfig:
 
 
 def ctas_per_sm(arch: Arch, smem_per_sm: int) -> int:
-    """Sparse split-KV CTAs resident per SM (shared memory + the driver's 1 KB per block, and the
-    registers __launch_bounds__ allows), at least 1."""
+    """Sparse split-KV CTAs resident per SM, at least 1."""
     smem = _sm80_smem_bytes(BLOCK_M, BLOCK_N, _stages(arch), NUM_WARPS, HEAD_DIM, True)
-    by_smem = smem_per_sm // (smem + _SMEM_RESERVED_PER_BLOCK)
-    threads = 32 * NUM_WARPS
-    reg_cap = min(255, _REGS_PER_SM // (threads * _sm80_min_blocks(BLOCK_M)) // _REG_GRANULE * _REG_GRANULE)
-    by_regs = _REGS_PER_SM // (threads * (-(-reg_cap // _REG_GRANULE) * _REG_GRANULE))
-    return max(1, min(by_smem, by_regs))
+    return sm80_resident_ctas(smem, NUM_WARPS, BLOCK_M, smem_per_sm)
 
 
 def num_sm_parts(num_sms: int, resident: int, h_q: int) -> int:
