@@ -33,7 +33,7 @@ params = DECODE_PARAMS.pack(q.data_ptr(), out.data_ptr(), lse.data_ptr(), scratc
                             block_table.data_ptr(), lens.data_ptr(), meta.data_ptr(), splits.data_ptr(),
                             *q.stride()[:3], plan.bt_stride, 1, 1, 16, plan.h_kv, plan.q_per_kv, plan.rows,
                             plan.parts, plan.max_blocks, plan.default_scale, plan.default_scale * 1.4426950408889634, 0,
-                            1, counters, 0, 0, 0, 0, 0, 0, 0)  # no descales, no sparse fields: a bf16 call
+                            1, counters, 0, 0, 0, 0, 0, 0, 0, 0)  # no descales, no sparse fields: a bf16 call
 sched, _ = mla_jit.get_mla_metadata()
 mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, sched, None)
 rows = {
@@ -55,7 +55,7 @@ rows = {
     "splitkv launch": lambda: plan.splitkv(stream, params, kv_desc),
     "data_ptr x1": lambda: q.data_ptr(),
     "struct pack": lambda: DECODE_PARAMS.pack(*([1] * 9), 1, 1, 1, 1, *([1] * 8), 1.0, 1.0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                              1),
+                                              1, 1),
     "current_stream": lambda: runtime.current_stream(0),
     "kv descriptor lookup": lambda: runtime.kv_descriptor(k_cache, (k_cache.data_ptr(), k_cache.shape,
                                                                     k_cache.dtype), plan.box),

@@ -20,6 +20,7 @@ _OPS = {
     "flash_mla_with_kvcache": ".ops.decode",
     "flash_mla_with_kvcache_fp8": ".ops.decode",
     "FlashMLASchedMeta": ".ops.decode",
+    "flash_mla_sparse_fwd": ".ops.sparse_prefill",
     "merge_attn_states": ".ops.merge",
     "flash_attn_varlen_func": ".ops.prefill",
     "fp8_mqa_logits": ".ops.indexer",
@@ -28,8 +29,8 @@ _OPS = {
     "release_workspaces": ".runtimes.workspace",
 }
 # The public ops that are torch custom ops (torch.ops.mla_jit.<name>), each with a fake implementation.
-TORCH_OPS = ("get_mla_metadata", "flash_mla_with_kvcache", "merge_attn_states", "flash_attn_varlen_func",
-             "fp8_mqa_logits", "get_paged_mqa_logits_metadata", "fp8_paged_mqa_logits")
+TORCH_OPS = ("get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd", "merge_attn_states",
+             "flash_attn_varlen_func", "fp8_mqa_logits", "get_paged_mqa_logits_metadata", "fp8_paged_mqa_logits")
 # Public ops that are another public op under a peer's name and signature: they call its torch op.
 TORCH_OP_ALIASES = {"flash_mla_with_kvcache_fp8": "flash_mla_with_kvcache"}
 

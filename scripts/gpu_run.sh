@@ -108,6 +108,13 @@ if [ -z "${SKIP_SPARSE_BENCH:-}" ]; then  # sparse decode against FlashMLA's H20
     python3 bench/bench_sparse_decode.py --arch "$arch" --json "$OUT/sparse_decode_$arch.json" 2>&1 | tail -n 9
   done
 fi
+if [ -z "${SKIP_SPARSE_PREFILL_BENCH:-}" ]; then  # flash_mla_sparse_fwd against FlashMLA's H200 figures
+  python3 bench/bench_sparse_prefill.py ${SPARSE_PREFILL_ARGS:-} --json "$OUT/sparse_prefill.json" 2>&1 \
+    | tee "$OUT/sparse_prefill.log" | tail -n 11
+  for arch in ${SPARSE_BENCH_ARCHS:-}; do
+    python3 bench/bench_sparse_prefill.py --arch "$arch" --quick --json "$OUT/sparse_prefill_$arch.json" 2>&1 | tail -n 5
+  done
+fi
 if [ -f bench/bench_decode.py ] && [ -z "${SKIP_FP8_DECODE_BENCH:-}" ]; then
   # FP8 decode (e4m3 q and cache) against our bf16 decode, interleaved call by call: the anchor rows
   # and s_q 1-16 (bench_decode.py --fp8; summarized from fp8_decode.json).

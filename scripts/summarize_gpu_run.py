@@ -40,6 +40,24 @@ def main(out: Path) -> None:
 
     _fp8_summary(out)
     _prefill_summary(out)
+    _sparse_summary(out)
+
+
+def _sparse_summary(out: Path) -> None:
+    """bench_sparse_decode.py / bench_sparse_prefill.py: ours against FlashMLA's H200 figures."""
+    for path in sorted(out.glob("sparse_*.json")):
+        rows = json.loads(path.read_text())
+        if not rows:
+            continue
+        if "b" in rows[0]:
+            cells = [f"{r['b']}/{r['s_q']}/{r['h_q']} {r['us']:.0f}us {r['ratio']:.3f}" for r in rows]
+            head = "b/s_q/h_q"
+        else:
+            cells = [f"{r['kv']}/{r['d_qk']}/{r['h_q']}/{r['s_kv']} {r['tflops']:.0f}TF {r['ratio']:.3f}" for r in rows]
+            head = "kv/d_qk/h_q/s_kv"
+        print(f"{path.stem} ({rows[0]['arch']}), FlashMLA us / ours; {head}:")
+        for i in range(0, len(cells), 3):
+            print("  " + "  ".join(f"{c:30s}" for c in cells[i:i + 3]))
 
 
 def _fp8_summary(out: Path) -> None:

@@ -149,7 +149,7 @@ def test_params_struct_layout_matches_header():
     import mla_jit
     header = Path(mla_jit.__file__).parent / "include/mla_jit/decode/common.cuh"
     assert f"static_assert(sizeof(DecodeParams) == {DECODE_PARAMS.size}," in header.read_text()
-    assert DECODE_PARAMS.size == 208   # 160 + the FP8 descale pointers + the sparse decode fields
+    assert DECODE_PARAMS.size == 216   # 160 + the FP8 descale pointers + the sparse fields + max_logits
 
 
 def _assert_compiles_clean(family_name: str, cfg) -> None:

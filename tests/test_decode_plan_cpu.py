@@ -180,7 +180,7 @@ def test_fp8_plan_packs_the_descale_pointers(monkeypatch):
         out, lse = plan.run(q, q.data_ptr(), k_cache, k_cache.data_ptr(), block_table, lens, meta, splits, 0.1,
                             False, *given)
         stream, params, kv = plan.splitkv.launches[-1]
-        assert DECODE_PARAMS.unpack(params)[-7:-5] == want and kv == ((64, 1, 64), 64)
+        assert DECODE_PARAMS.unpack(params)[-8:-6] == want and kv == ((64, 1, 64), 64)
         assert out.dtype == torch.bfloat16 and out.shape == (1, 1, 16, 512) and lse.dtype == torch.float32
     # bf16 q over the e4m3 cache: the bf16 kernel that de-quantizes it (2 stages), the e4m3 box
     # (64-byte rows), bf16 out; descale_q always the 1.0.
@@ -189,8 +189,8 @@ def test_fp8_plan_packs_the_descale_pointers(monkeypatch):
     assert (cfg.dtype, cfg.kv_dtype, cfg.num_stages, over.out_dtype) == ("bf16", "e4m3", 2, torch.bfloat16)
     over.run(q.bfloat16(), 0, k_cache, 0, block_table, lens, meta, splits, 0.1, False, None, descale_k)
     stream, params, kv = over.splitkv.launches[-1]
-    assert DECODE_PARAMS.unpack(params)[-7:-5] == (over.unit_ptr, descale_k.data_ptr()) and kv == ((64, 1, 64), 64)
+    assert DECODE_PARAMS.unpack(params)[-8:-6] == (over.unit_ptr, descale_k.data_ptr()) and kv == ((64, 1, 64), 64)
     bf16 = runtime.DecodePlan(q.bfloat16(), k_cache.bfloat16(), block_table, 512, 1)
     assert bf16.unit_descale is None and bf16.out_dtype == torch.bfloat16
     bf16.run(q.bfloat16(), 0, k_cache.bfloat16(), 0, block_table, lens, meta, splits, 0.1, False)
-    assert DECODE_PARAMS.unpack(bf16.splitkv.launches[-1][1])[-2:] == (0, 0)
+    assert DECODE_PARAMS.unpack(bf16.splitkv.launches[-1][1])[-8:-6] == (0, 0)

@@ -18,20 +18,22 @@ from .helpers import sass_of
                                               ("sm_89", 3, 84_784), ("sm_86", 3, 84_784)])
 def test_config_fits_each_arch(arch, stages, smem):
     cfg = sparse_decode_config(64, parse_arch(arch))
-    assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.sparse) == (16, 16, stages, True)
+    assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.sparse) == (16, 16, stages, "fp8_records")
     assert cfg.smem_bytes == smem <= cfg.smem_limit
 
 
 def test_config_rejects_what_the_kernel_does_not_serve():
     with pytest.raises(InvalidArgumentError, match="sparse"):
-        Sm80DecodeConfig("bf16", 576, 512, 64, 32, 16, 3, 4, 163 * 1024, sparse=True)
+        Sm80DecodeConfig("bf16", 576, 512, 64, 32, 16, 3, 4, 163 * 1024, sparse="fp8_records")
+    with pytest.raises(InvalidArgumentError, match="sparse"):
+        Sm80DecodeConfig("bf16", 576, 512, 64, 16, 16, 2, 4, 163 * 1024, sparse="fp8_records")
     with pytest.raises(InvalidArgumentError, match="sparse"):
         Sm80DecodeConfig("bf16", 576, 512, 64, 16, 16, 2, 4, 163 * 1024, sparse=True)
 
 
 def test_schedule_parts_cover_one_wave():
     hopper = parse_arch("sm_90a")
-    assert ctas_per_sm(hopper, 233_472) == 2   # 2 x (111.7 + 1) KB of a 228 KB SM
+    assert ctas_per_sm(sparse_decode_config(64, hopper), 233_472) == 2   # 2 x (111.7 + 1) KB of a 228 KB SM
     assert num_sm_parts(132, 2, 16) == 264 and num_sm_parts(132, 2, 128) == 33 and num_sm_parts(1, 1, 128) == 1
 
 

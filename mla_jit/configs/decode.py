@@ -31,6 +31,8 @@ COMBINE_THREADS = 256       # combine kernel: kCombineThreads (decode/combine.cu
 COMBINE_ROWS_PER_CTA = 8    # kCombineRowsPerCta: a warp per query row
 SUPPORTED_HEAD_DIMS = ((576, 512), (512, 512))
 SUPPORTED_PAGE_SIZES = (16, 32, 64, 128, 256)
+# Sm80DecodeConfig.sparse -> the kernel's SPARSE_KV (splitkv_sm80.cuh).
+SPARSE_KV = {"": 0, "fp8_records": 1, "bf16_rows": 2}
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,10 @@ class Sm80DecodeConfig:
     num_stages: int
     num_warps: int
     smem_limit: int     # bytes of shared memory per block on the tuning arch
-    # The sparse (DSA) decode over FlashMLA's FP8 records (configs/sparse.py), not the dense one.
-    sparse: bool = False
+    # "" the dense paged decode; else the sparse (DSA) kernel (configs/sparse.py) over gathered
+    # tokens stored as FlashMLA's FP8 records ("fp8_records") or as bf16 rows ("bf16_rows": sparse
+    # prefill's kv; page_size is then unused and kept at 64).
+    sparse: str = ""
 
     def __post_init__(self):
         # Field by field what SplitKVSm80Config's static_asserts accept (splitkv_sm80.cuh); the
@@ -64,11 +68,12 @@ class Sm80DecodeConfig:
         check_fields(self, dtype=("bf16", "fp16"), head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS),
                      page_size=SUPPORTED_PAGE_SIZES, block_m=(16, 32, 64), block_n=(16, 32, 64),
                      num_stages=(2, 3, 4), num_warps=(4, 8), smem_limit=range(1, 228 * 1024 + 1))
-        if self.sparse and (self.dtype != "bf16" or self.head_dim != 576 or self.block_m != 16
-                            or self.num_stages < 3):
-            raise InvalidArgumentError("Sm80DecodeConfig.sparse", "bf16, head_dim 576, block_m 16 and >= 3 stages "
-                                       "with sparse", f"{self.dtype}, {self.head_dim}, {self.block_m}, "
-                                       f"{self.num_stages}")
+        check_fields(self, sparse=tuple(SPARSE_KV))
+        if self.sparse and (self.dtype != "bf16" or self.block_m != 16 or (
+                self.sparse == "fp8_records" and (self.head_dim != 576 or self.num_stages < 3))):
+            raise InvalidArgumentError("Sm80DecodeConfig.sparse", "bf16 and block_m 16 (fp8_records: head_dim 576 "
+                                       "and >= 3 stages) with sparse", f"{self.dtype}, {self.head_dim}, "
+                                       f"{self.block_m}, {self.num_stages}")
         if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
             raise InvalidArgumentError("Sm80DecodeConfig.head_dim_v",
                                        f"(head_dim, head_dim_v) in {SUPPORTED_HEAD_DIMS}",
@@ -262,12 +267,13 @@ SPARSE_LANDING_ROW_BYTES = 528
 
 
 def _sm80_smem_bytes(block_m: int, block_n: int, stages: int, warps: int, head_dim: int,
-                     sparse: bool = False) -> int:
+                     sparse: str = "") -> int:
     """Mirror of SplitKVSm80Config::kSmemBytes (splitkv_sm80.cuh): [Q] KV stages, [sparse landing
     slots and flags], P / xS, reductions."""
     stage = block_n * head_dim * 2
-    if sparse:
+    if sparse == "fp8_records":
         stage += block_n * SPARSE_LANDING_ROW_BYTES
+    if sparse:
         stage_flags = -(-stages * block_n // 16) * 16
     else:
         stage_flags = 0

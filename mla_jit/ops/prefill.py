@@ -176,18 +176,9 @@ def _check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         if torch._debug_has_internal_overlap(out) == 1:
             raise InvalidArgumentError("out", "a tensor without internal overlap", f"strides {out.stride()}")
         for name, t in (("q", q), ("k", k), ("v", v)):
-            if _overlaps(out, t):
+            if validate.overlaps(out, t):
                 raise InvalidArgumentError("out", f"memory apart from {name}", "an overlapping view")
     return scale
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    a1 = a0 + a.element_size() * (1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride())))
-    b1 = b0 + b.element_size() * (1 + sum((n - 1) * s for n, s in zip(b.shape, b.stride())))
-    return a0 < b1 and b0 < a1
 
 
 def _prefill_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,

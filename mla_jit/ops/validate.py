@@ -53,3 +53,13 @@ def softmax_scale(value, default: float) -> float:
     if isinstance(value, (float, int)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     raise InvalidArgumentError("softmax_scale", "a finite float or None", repr(value))
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte spans two tensors address intersect (empty tensors intersect nothing)."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    a1 = a0 + a.element_size() * (1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride())))
+    b1 = b0 + b.element_size() * (1 + sum((n - 1) * s for n, s in zip(b.shape, b.stride())))
+    return a0 < b1 and b0 < a1

@@ -4,10 +4,10 @@ from __future__ import annotations
 import struct
 from typing import Any, Iterable
 
-from ..configs.decode import (BLOCK_M, CLUSTER_ENV, SCHEDULE_ENV, SCHEDULES, SUPPORTED_HEAD_DIMS, DecodeConfig,
-                              MetadataConfig, Sm80DecodeConfig, cluster_m_for, decode_config, metadata_config,
-                              out_dtype_of, sm80_decode_config)
-from ..configs.sparse import sparse_decode_config
+from ..configs.decode import (BLOCK_M, CLUSTER_ENV, SCHEDULE_ENV, SCHEDULES, SPARSE_KV, SUPPORTED_HEAD_DIMS,
+                              DecodeConfig, MetadataConfig, Sm80DecodeConfig, cluster_m_for, decode_config,
+                              metadata_config, out_dtype_of, sm80_decode_config)
+from ..configs.sparse import BF16_ROWS, PREFILL_HEAD_DIMS, sparse_decode_config, sparse_config
 from ..dtypes import cpp_type
 from ..jit import env
 from ..jit.arch import Arch, ArchPair
@@ -16,9 +16,9 @@ from .base import KernelFamily
 from .registry import register
 
 # C layouts of decode/common.cuh's parameter structs (little endian, natural alignment).
-DECODE_PARAMS = struct.Struct("<9Q4q8i2f2iQ2Q2Qq2i")  # DecodeParams, 208 bytes
-METADATA_PARAMS = struct.Struct("<3Q5i4x")            # MetadataParams, 48 bytes
-assert DECODE_PARAMS.size == 208 and METADATA_PARAMS.size == 48
+DECODE_PARAMS = struct.Struct("<9Q4q8i2f2iQ2Q2Qq2iQ")  # DecodeParams, 216 bytes
+METADATA_PARAMS = struct.Struct("<3Q6i")               # MetadataParams, 48 bytes
+assert DECODE_PARAMS.size == 216 and METADATA_PARAMS.size == 48
 
 
 @register
@@ -110,7 +110,7 @@ class MlaDecodeSm80Family(KernelFamily[Sm80DecodeConfig]):
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "page_size": cfg.page_size,
                 "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
                 "num_warps": cfg.num_warps, "smem_limit": cfg.smem_limit,
-                "sparse": "true" if cfg.sparse else "false",
+                "sparse": "true" if cfg.sparse else "false", "sparse_kv": SPARSE_KV[cfg.sparse],
                 # sm_8x's ptxas spills the combine kernel without a 4-blocks hint, sm_90a's with it
                 "combine_min_blocks": 4 if arch.target.major < 9 else 1}
 
@@ -123,13 +123,17 @@ class MlaDecodeSm80Family(KernelFamily[Sm80DecodeConfig]):
 
 @register
 class MlaSparseDecodeFamily(MlaDecodeSm80Family):
-    """The sparse (DSA) decode over FlashMLA's FP8 records (configs/sparse.py): the mma.sync split-KV
-    kernel with SPARSE_FP8, on every arch (Hopper included, until a wgmma kernel lands)."""
+    """The sparse (DSA) decode and prefill (configs/sparse.py): the mma.sync split-KV kernel with
+    SPARSE_KV (FP8 records, or the prefill's bf16 rows), on every arch (Hopper included, until a wgmma
+    kernel lands)."""
     name = "mla_sparse_decode"
-    ops = ("flash_mla_with_kvcache",)
+    ops = ("flash_mla_with_kvcache", "flash_mla_sparse_fwd")
     tunings = ("sm_90a", "sm_80", "sm_86", "sm_89")
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[Sm80DecodeConfig]:
-        # Models with DeepSeek sparse attention (an indexer: V3.2, GLM-5), at their cache's page size.
-        return list(dict.fromkeys(sparse_decode_config(p.page_size, arch) for p in presets
-                                  if p.indexer_heads and p.head_dim == 576))
+        # Models with DeepSeek sparse attention (an indexer: V3.2, GLM-5): the FP8 records at their
+        # cache's page size (decode, and prefill over the cache), and the prefill's bf16 rows.
+        sparse = [p for p in presets if p.indexer_heads and p.head_dim in PREFILL_HEAD_DIMS]
+        configs = [sparse_decode_config(p.page_size, arch) for p in sparse if p.head_dim == 576]
+        configs += [sparse_config(BF16_ROWS, p.head_dim, 64, arch) for p in sparse]
+        return list(dict.fromkeys(configs))

@@ -112,7 +112,7 @@ class MetadataPlan:
             return metadata, num_splits
         self.launch(current_stream(self.device_index),
                     METADATA_PARAMS.pack(cache_seqlens.data_ptr(), metadata.data_ptr(), num_splits.data_ptr(),
-                                         self.batch, self.parts, self.block_n, self.fixed_overhead_blocks, -1))
+                                         self.batch, self.parts, self.block_n, self.fixed_overhead_blocks, -1, 0))
         return metadata, num_splits
 
 
@@ -259,7 +259,7 @@ class DecodePlan:
             self.b, self.s_q, self.h_q, self.h_kv, self.q_per_kv, self.rows, self.parts, self.max_blocks,
             scale, scale * _LOG2E, 1 if causal and self.s_q > 1 else 0, 1, counters_ptr,
             self.unit_ptr if descale_q is None else descale_q.data_ptr(),
-            self.unit_ptr if descale_k is None else descale_k.data_ptr(), 0, 0, 0, 0, 0)
+            self.unit_ptr if descale_k is None else descale_k.data_ptr(), 0, 0, 0, 0, 0, 0)
         kv = k_ptr if self.box is None else kv_descriptor(k_cache, (k_ptr, self.kv_shape, self.kv_dtype), self.box)
         self.splitkv(stream, params, kv)
         if self.combine is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..configs.decode import COMBINE_ROWS_PER_CTA, COMBINE_THREADS, accum_rows, metadata_config
+from ..configs.decode import COMBINE_ROWS_PER_CTA, COMBINE_THREADS, Sm80DecodeConfig, accum_rows, metadata_config
 from ..configs.sparse import BLOCK_M, HEAD_DIM_V, ctas_per_sm, num_sm_parts, sparse_decode_config
 from ..jit.arch import resolve_for_device
 from ..jit.launch import PTR, Blob
@@ -31,10 +31,12 @@ def reset() -> None:
     decode_plans.clear()
 
 
-def sm_parts_for(device_index: int, h_q: int) -> int:
-    """Rows of the sparse schedule (SM parts) on this GPU: one wave of split-KV CTAs."""
-    arch = resolve_for_device(device_index)
-    return num_sm_parts(_num_sms(device_index), ctas_per_sm(arch.tuning, _smem_per_sm(device_index)), h_q)
+def sm_parts_for(device_index: int, h_q: int, cfg: Sm80DecodeConfig | None = None) -> int:
+    """Rows of the sparse schedule (SM parts) on this GPU: one wave of split-KV CTAs of `cfg` (the
+    decode's kernel by default; its page size does not change its shared memory)."""
+    if cfg is None:
+        cfg = sparse_decode_config(64, resolve_for_device(device_index).tuning)
+    return num_sm_parts(_num_sms(device_index), ctas_per_sm(cfg, _smem_per_sm(device_index)), h_q)
 
 
 class SparseMetadataPlan:
@@ -63,7 +65,7 @@ class SparseMetadataPlan:
             return metadata, num_splits
         self.launch(current_stream(self.device_index),
                     METADATA_PARAMS.pack(0, metadata.data_ptr(), num_splits.data_ptr(), self.rows, self.parts,
-                                         self.block_n, self.fixed_overhead_blocks, self.topk))
+                                         self.block_n, self.fixed_overhead_blocks, self.topk, 0))
         return metadata, num_splits
 
 
@@ -115,7 +117,7 @@ class SparseDecodePlan:
             self.q_stride, 0, q.stride(2), self.idx_stride,
             self.rows, 1, h_q, 1, h_q, h_q, self.parts, 0, scale, scale * _LOG2E, 0, self.s_q, 0, 0, 0,
             0 if topk_length is None else topk_length.data_ptr(), 0 if attn_sink is None else attn_sink.data_ptr(),
-            self.block_stride, self.topk, self.kv_tokens)
+            self.block_stride, self.topk, self.kv_tokens, 0)
         self.splitkv(stream, params, k_cache.data_ptr())
         self.combine(stream, params)
         del scratch  # (graph capture) freed only now: later captured work may reuse the block

@@ -65,12 +65,15 @@ struct DecodeParams {
   // ((b * s_q, topk) rows of stride block_table_stride; -1 or >= kv_tokens: invalid).
   const int* topk_length;     // (b,) of the caller's batch, or nullptr (topk everywhere)
   const float* attn_sink;     // (h_q,) or nullptr
-  long long kv_block_stride;  // bytes between cache pages
+  long long kv_block_stride;  // bytes between cache pages (bf16 rows: between rows)
   int topk;
-  int kv_tokens;              // num_blocks * page_size
+  int kv_tokens;              // num_blocks * page_size (bf16 rows: s_kv)
+  // Sparse prefill: (rows, h_q) float32, each row's largest scaled logit (natural units, -inf for
+  // no valid key), written where a row has a single split (always, under a whole-rows schedule).
+  float* max_logits;          // or nullptr
 };
 // runtimes/decode.py packs this struct (DECODE_PARAMS); the CPU tests pin both to this size.
-static_assert(sizeof(DecodeParams) == 208, "DecodeParams layout");
+static_assert(sizeof(DecodeParams) == 216, "DecodeParams layout");
 
 // Offset in lse (b, h_q, s_q) of row (bi, head, s) of the kernels' batch; kFolded (sparse decode):
 // bi is a flattened (b, s_q) row (see lse_fold), the division only there.
@@ -98,6 +101,7 @@ struct MetadataParams {
   int* num_splits;               // [b + 1]
   int b, num_sm_parts, block_n, fixed_overhead_blocks;
   int fixed_length;              // >= 0: every sequence has this length (sparse decode: topk); -1: cache_seqlens
+  int whole_rows;                // != 0 (with fixed_length): no splits, each part a run of whole sequences
 };
 
 __device__ __forceinline__ int sequence_length(const MetadataParams& p, int i) {
@@ -152,6 +156,14 @@ __device__ __forceinline__ void store_piece_lse(const DecodeParams& p, PieceDest
   } else {
     p.lse_accum[((long long)dest.slot * p.h_kv + g) * p.rows + r] = lse2;
   }
+}
+
+// Sparse prefill: the largest scaled logit of query row r (KV head g) of batch bi, given as the
+// running max m2 in log2 units, into max_logits (natural units) when the batch has a single split.
+__device__ __forceinline__ void store_max_logit(const DecodeParams& p, PieceDest dest, int bi, int g, int r, float m2) {
+  if (p.max_logits == nullptr || !dest.single) return;
+  const auto [s, head] = query_row(p, g, r);
+  p.max_logits[lse_index<true>(p, bi, head, s)] = m2 * 0.69314718055994530942f;
 }
 
 namespace detail {

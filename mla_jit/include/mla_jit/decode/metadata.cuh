@@ -21,9 +21,32 @@ namespace decode {
 
 constexpr int kMetadataThreads = 128;
 
+// Whole rows (sparse prefill, every sequence of length fixed_length > 0): part p takes sequences
+// [p b / parts, (p + 1) b / parts), each in one split (num_splits[i] = i), so every row's out, lse and
+// max_logits are written by the split-KV kernel itself; parts without a sequence get an empty range.
+__device__ __forceinline__ void mla_metadata_whole_rows(const MetadataParams& p, int tid) {
+  const int parts = p.num_sm_parts;
+  for (int part = tid; part < parts; part += kMetadataThreads) {
+    int* meta = p.tile_scheduler_metadata + part * kMetaSize;
+    const int b0 = int((long long)part * p.b / parts), b1 = int((long long)(part + 1) * p.b / parts);
+    const bool any = b0 < b1 && p.fixed_length > 0;
+    meta[kMetaBeginBatch] = any ? b0 : 0;
+    meta[kMetaBeginToken] = 0;
+    meta[kMetaEndBatch] = any ? b1 - 1 : 0;
+    meta[kMetaEndToken] = any ? p.fixed_length : 0;
+    meta[kMetaBeginSplit] = 0;
+    meta[5] = 0; meta[6] = 0; meta[7] = 0;
+  }
+  for (int i = tid; i <= p.b; i += kMetadataThreads) p.num_splits[i] = p.fixed_length > 0 ? i : 0;
+}
+
 __device__ __forceinline__ void mla_metadata_body(const MetadataParams& p) {
   __shared__ long long s_partial[kMetadataThreads / 32];
   const int tid = threadIdx.x;
+  if (p.whole_rows) {
+    mla_metadata_whole_rows(p, tid);
+    return;
+  }
   const int bn = p.block_n;
   const int ovh = p.fixed_overhead_blocks;
 

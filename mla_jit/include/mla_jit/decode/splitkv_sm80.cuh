@@ -66,9 +66,12 @@ namespace decode {
 
 // SMEM_LIMIT: the largest dynamic shared memory one block of the tuning arch may opt in to
 // (sm_80 163 KB, sm_86 / sm_89 99 KB; configs/decode.py picks the tiles to fit it).
-// SPARSE_FP8: the sparse (DSA) decode over FlashMLA's 656-byte FP8 records (see "Sparse decode" below).
+// SPARSE_KV: 0 the dense paged decode; else the sparse (DSA) attention over gathered tokens, whose
+// rows are 1: FlashMLA's 656-byte FP8 records (paged; see "Sparse decode" below), 2: bf16 rows of
+// HEAD_DIM values (flash_mla_sparse_fwd's kv (s_kv, 1, d_qk); kv_block_stride = the row stride).
+enum SparseKV : int { kDenseKV = 0, kSparseFp8Records = 1, kSparseBf16Rows = 2 };
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_, int BLOCK_N_,
-          int NUM_STAGES_, int NUM_WARPS_, int SMEM_LIMIT_, bool SPARSE_FP8_ = false>
+          int NUM_STAGES_, int NUM_WARPS_, int SMEM_LIMIT_, int SPARSE_KV_ = kDenseKV>
 struct SplitKVSm80Config {
   using Element = Element_;
   static constexpr int HEAD_DIM = HEAD_DIM_;
@@ -80,7 +83,9 @@ struct SplitKVSm80Config {
   static constexpr int NUM_WARPS = NUM_WARPS_;
   static constexpr int NUM_THREADS = NUM_WARPS * 32;
   static constexpr int SMEM_LIMIT = SMEM_LIMIT_;
-  static constexpr bool kSparse = SPARSE_FP8_;
+  // Sparse: gathered tokens, masked by per-token valid flags; FP8 records also de-quantized.
+  static constexpr bool kSparse = SPARSE_KV_ != kDenseKV;
+  static constexpr bool kSparseFp8 = SPARSE_KV_ == kSparseFp8Records;
 
   // Variant: Q in registers (one 16-row tile, QK split over d across the 4 warps) or in smem.
   static constexpr bool kQInRegs = BLOCK_M == 16;
@@ -123,9 +128,13 @@ struct SplitKVSm80Config {
                 "Q in smem: warp pairs cover 32-row groups x whole n8 tiles of S");
   static_assert(kQKSplit == 2 || NUM_WARPS == 2 * WM, "quads: one group of 4 warps per 32 rows, all tokens");
   static_assert(kORegs <= 128, "O accumulator would not fit the register file (use more warps or a smaller BLOCK_M)");
-  static_assert(!kSparse || (kQInRegs && HEAD_DIM == 576 && HEAD_DIM_V == 512 &&
-                             cute::is_same_v<Element, cutlass::bfloat16_t> && NUM_STAGES >= 3),
-                "sparse decode: Q in registers, d 576 / dv 512, bf16, >= 3 stages (tiles are de-quantized one ahead)");
+  static_assert(SPARSE_KV_ >= kDenseKV && SPARSE_KV_ <= kSparseBf16Rows, "SPARSE_KV in {0, 1, 2}");
+  static_assert(!kSparseFp8 || (kQInRegs && HEAD_DIM == 576 && HEAD_DIM_V == 512 &&
+                                cute::is_same_v<Element, cutlass::bfloat16_t> && NUM_STAGES >= 3),
+                "sparse FP8 records: Q in registers, d 576 / dv 512, bf16, >= 3 stages (tiles are de-quantized one ahead)");
+  static_assert(!kSparse || kSparseFp8 || (kQInRegs && (HEAD_DIM == 576 || HEAD_DIM == 512) && HEAD_DIM_V == 512 &&
+                                           cute::is_same_v<Element, cutlass::bfloat16_t>),
+                "sparse bf16 rows: Q in registers, d 576 or 512 / dv 512, bf16");
 
   // 16-byte chunks.
   static constexpr int kRowChunks = HEAD_DIM / 8;          // per Q / KV row
@@ -143,7 +152,7 @@ struct SplitKVSm80Config {
   // the rope straight in its K stage row; a byte per token says whether its index was valid.
   static constexpr int kRecordBytes = 656, kNopeBytes = 512, kLandRowBytes = 528;
   static constexpr int kRecordChunks = kRecordBytes / 16, kLandChunks = kLandRowBytes / 16;
-  static constexpr int kLandBytes = kSparse ? NUM_STAGES * BLOCK_N * kLandRowBytes : 0;
+  static constexpr int kLandBytes = kSparseFp8 ? NUM_STAGES * BLOCK_N * kLandRowBytes : 0;
   static constexpr int kFlagBytes = kSparse ? (NUM_STAGES * BLOCK_N + 15) / 16 * 16 : 0;
 
   // Shared memory map (bytes; every piece 16-byte aligned).
@@ -352,14 +361,23 @@ struct KVProducer {
   // count stays = the tile count). sAux: the sparse landing slots and flags (unused otherwise).
   __device__ __forceinline__ void issue(const DecodeParams& p, const Element* k_cache, unsigned sKV, int g,
                                         const Lengths<Cfg::kSparse>& seqlens, unsigned sAux = 0) {
-    if constexpr (Cfg::kSparse) {
+    if constexpr (Cfg::kSparseFp8) {
       issue_record(p, k_cache, sKV, sAux, seqlens);
       return;
     }
     if (cur.valid()) {
       const unsigned dst = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
-      const int kr = kv_page >= 0 ? kv_page * PAGE + kv_in : -1;  // cache row, -1 = zero-fill
-      const Element* src = k_cache + (kr >= 0 ? ((long long)kr * p.h_kv + g) * D : 0LL) + q * 8;
+      const Element* src;
+      int kr;
+      if constexpr (Cfg::kSparse) {  // bf16 rows: kv_page is the row (-1 = zero-fill), rows kv_block_stride bytes apart
+        kr = kv_page;
+        src = reinterpret_cast<const Element*>(reinterpret_cast<const unsigned char*>(k_cache) +
+                                               (kr >= 0 ? (long long)kr * p.kv_block_stride : 0LL)) + q * 8;
+        if (q == 0) store_flag(sAux, kr);
+      } else {
+        kr = kv_page >= 0 ? kv_page * PAGE + kv_in : -1;  // cache row, -1 = zero-fill
+        src = k_cache + (kr >= 0 ? ((long long)kr * p.h_kv + g) * D : 0LL) + q * 8;
+      }
       const int bytes = kr >= 0 ? 16 : 0;
       // The following tile's lookup before the copies: its load is in flight while they issue
       // (placed after them, ptxas reused a copy's address register and waited for the copies).
@@ -396,13 +414,15 @@ struct KVProducer {
                       rec + c * 16, bytes);
         }
       }
-      if (q == 0) {
-        const unsigned flag = sAux + unsigned(Cfg::kLandBytes + stage * Cfg::BLOCK_N + tok_in_tile);
-        asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(flag), "r"(kr >= 0 ? 1 : 0) : "memory");
-      }
+      if (q == 0) store_flag(sAux, kr);
     }
     cp_async_commit();
     stage = stage + 1 == NS ? 0 : stage + 1;
+  }
+  // Sparse: the valid flag of this thread's token in the stage being issued (1: row kr >= 0).
+  __device__ __forceinline__ void store_flag(unsigned sAux, int kr) const {
+    const unsigned flag = sAux + unsigned(Cfg::kLandBytes + stage * Cfg::BLOCK_N + tok_in_tile);
+    asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(flag), "r"(kr >= 0 ? 1 : 0) : "memory");
   }
 };
 
@@ -706,6 +726,7 @@ __device__ __forceinline__ void qregs_finish_piece(const DecodeParams& p, const 
       const int r = m_block * 16 + g4 + 8 * h;
       if (r < p.rows) {
         store_piece_lse<Cfg::kSparse>(p, dest, cur.bi, g, r, l[h] > 0.f ? st.m_run[h] + log2f(l[h]) : -kInf);
+        if constexpr (Cfg::kSparse) store_max_logit(p, dest, cur.bi, g, r, st.m_run[h]);
       }
     }
   }
@@ -741,7 +762,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
   prod.init(meta, seqlens, p, tid);
 #pragma unroll
   for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens, sAux);
-  if constexpr (Cfg::kSparse) {  // tile 0 de-quantized; from then on each tile one ahead of its use
+  if constexpr (Cfg::kSparseFp8) {  // tile 0 de-quantized; from then on each tile one ahead of its use
     sm80::cp_async_wait<NS - 2>();
     __syncthreads();
     sm80::dequant_tile<Cfg>(sAux, sKV, tid);
@@ -772,10 +793,10 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
     }
 
     // This thread's copies of tile n landed (sparse: of tile n + 1, de-quantized below).
-    sm80::cp_async_wait<Cfg::kSparse ? NS - 3 : NS - 2>();
+    sm80::cp_async_wait<Cfg::kSparseFp8 ? NS - 3 : NS - 2>();
     __syncthreads();  // A: everyone's copies of tile n (+ 1) visible, tile n de-quantized; stage n-1 and xS free
     prod.issue(p, k_cache, sKV, g, seqlens, sAux);  // tile n + NS - 1 -> stage (n - 1) % NS
-    if constexpr (Cfg::kSparse) {  // tile n + 1: its landing slot into its K stage (read after the next A)
+    if constexpr (Cfg::kSparseFp8) {  // tile n + 1: its landing slot into its K stage (read after the next A)
       const int next = stage + 1 == NS ? 0 : stage + 1;
       sm80::dequant_tile<Cfg>(sAux + unsigned(next * BN * Cfg::kLandRowBytes),
                               sKV + unsigned(next) * unsigned(Cfg::kStageBytes), tid);

@@ -1,0 +1,117 @@
+"""flash_mla_sparse_fwd without a GPU: configs and their shared memory, the typed errors of the argument
+checks, the packed launch of a plan (GPU stubbed), the prewarm list and a compile check of the
+bf16-rows kernel."""
+import pytest
+import torch
+
+from mla_jit.configs.sparse import BF16_ROWS, FP8_RECORDS, sparse_config, sparse_decode_config
+from mla_jit.errors import InvalidArgumentError
+from mla_jit.jit.arch import ArchPair, parse_arch
+from mla_jit.jit.build import build
+from mla_jit.ops import sparse_prefill, validate
+from mla_jit.presets import PRESETS
+from mla_jit.runtimes import registry
+from mla_jit.runtimes.decode import DECODE_PARAMS, METADATA_PARAMS
+
+from .helpers import sass_of
+
+
+@pytest.mark.parametrize("arch,d,smem", [("sm_90a", 576, 77_888), ("sm_89", 576, 77_888), ("sm_89", 512, 69_696)])
+def test_bf16_rows_config_has_no_landing_slots(arch, d, smem):
+    cfg = sparse_config(BF16_ROWS, d, 16, parse_arch(arch))
+    # 4 stages of 16 bf16 rows, their valid flags and the S exchange; the page size is a placeholder.
+    assert (cfg.sparse, cfg.num_stages, cfg.page_size, cfg.smem_bytes) == (BF16_ROWS, 4, 64, smem)
+    assert sparse_config(FP8_RECORDS, 576, 64, parse_arch(arch)) == sparse_decode_config(64, parse_arch(arch))
+
+
+def _args(**kw):
+    args = dict(q=torch.zeros((4, 16, 576), dtype=torch.bfloat16), kv=torch.zeros((100, 1, 576), dtype=torch.bfloat16),
+                indices=torch.zeros((4, 1, 128), dtype=torch.int32), d_v=512, attn_sink=None)
+    args.update(kw)
+    return args
+
+
+@pytest.mark.parametrize("change,name", [
+    (dict(q=torch.zeros((4, 16, 192), dtype=torch.bfloat16)), "q"),
+    (dict(q=torch.zeros((4, 129, 576), dtype=torch.bfloat16)), "q"),
+    (dict(q=torch.zeros((4, 16, 576), dtype=torch.float16)), "q"),
+    (dict(kv=torch.zeros((100, 1, 512), dtype=torch.bfloat16)), "kv"),
+    (dict(kv=torch.zeros((100, 2, 576), dtype=torch.bfloat16)), "kv"),
+    (dict(kv=torch.zeros((4, 64, 1, 576), dtype=torch.uint8)), "kv"),
+    (dict(kv=torch.zeros((4, 48, 1, 656), dtype=torch.uint8)), "kv"),
+    (dict(kv=torch.zeros((4, 64, 1, 656), dtype=torch.uint8), q=torch.zeros((4, 16, 512), dtype=torch.bfloat16)),
+     "kv"),
+    (dict(indices=torch.zeros((4, 2, 128), dtype=torch.int32)), "indices"),
+    (dict(indices=torch.zeros((4, 1, 128), dtype=torch.int64)), "indices"),
+    (dict(d_v=576), "d_v"),
+    (dict(attn_sink=torch.zeros(15)), "attn_sink"),
+])
+def test_bad_layouts_name_the_argument(change, name, monkeypatch):
+    monkeypatch.setattr(validate, "on_gpu", lambda tensor: True)
+    with pytest.raises(InvalidArgumentError) as err:
+        sparse_prefill._check_layout(**_args(**change))
+    assert name in str(err.value)
+
+
+def test_layout_checks_tell_the_kv_format(monkeypatch):
+    monkeypatch.setattr(validate, "on_gpu", lambda tensor: True)
+    assert sparse_prefill._check_layout(**_args()) == BF16_ROWS
+    assert sparse_prefill._check_layout(**_args(kv=torch.zeros((4, 64, 1, 656), dtype=torch.uint8))) == FP8_RECORDS
+
+
+class _Recorder:
+    def __init__(self):
+        self.launches = []
+
+    def __call__(self, stream, *args):
+        self.launches.append(args)
+
+
+class _Plan:
+    """SparsePrefillPlan's fields without building kernels."""
+    kv_format, parts, h_q, block_n, fixed_overhead_blocks, device_index = BF16_ROWS, 33, 20, 64, 5, 0
+
+
+def test_plan_packs_a_whole_rows_schedule_and_max_logits(monkeypatch):
+    from mla_jit.runtimes import sparse_prefill_plan as runtime
+    monkeypatch.setattr(runtime, "current_stream", lambda device: 7)
+    plan = runtime.SparsePrefillPlan.__new__(runtime.SparsePrefillPlan)
+    for name in ("kv_format", "parts", "h_q", "block_n", "fixed_overhead_blocks", "device_index"):
+        setattr(plan, name, getattr(_Plan, name))
+    plan.metadata, plan.splitkv = _Recorder(), _Recorder()
+    q = torch.zeros((6, 20, 576), dtype=torch.bfloat16)
+    kv = torch.zeros((300, 1, 576), dtype=torch.bfloat16)
+    indices, length = torch.zeros((6, 1, 256), dtype=torch.int32), torch.ones(6, dtype=torch.int32)
+    out, max_logits, lse = q.new_empty((6, 20, 512)), torch.empty(6, 20), torch.empty(6, 20)
+    plan.run(q, kv, indices, 0.5, length, None, out, max_logits, lse)
+    (meta,), = plan.metadata.launches
+    # (seqlens, metadata, num_splits, b, parts, block_n, overhead, fixed_length = topk, whole_rows)
+    assert METADATA_PARAMS.unpack(meta)[3:] == (6, 33, 64, 5, 256, 1)
+    (params, kv_ptr), = plan.splitkv.launches
+    fields = DECODE_PARAMS.unpack(params)
+    assert fields[0] == q.data_ptr() and fields[1] == out.data_ptr() and fields[2] == lse.data_ptr()
+    assert fields[-1] == max_logits.data_ptr() and fields[-3:-1] == (256, 300) and fields[-4] == 576 * 2
+    assert fields[-6] == length.data_ptr() and fields[-5] == 0 and kv_ptr == kv.data_ptr()
+    plan.run(q[:0], kv, indices[:0], 0.5, None, None, out[:0], max_logits[:0], lse[:0])
+    assert len(plan.splitkv.launches) == 1   # no tokens: nothing launched
+
+
+def test_prewarm_lists_the_prefill_kernels():
+    family = registry.get("mla_sparse_decode")
+    v32 = [p for p in PRESETS.values() if p.indexer_heads and p.head_dim == 576]
+    assert v32, "a preset with DeepSeek sparse attention"
+    configs = family.prewarm_configs(parse_arch("sm_89"), v32)
+    assert {c.sparse for c in configs} == {FP8_RECORDS, BF16_ROWS}
+
+
+@pytest.mark.slow
+def test_bf16_rows_kernel_compiles_without_spills(cache_root, monkeypatch, tmp_path):
+    monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
+    arch = ArchPair(parse_arch("sm_89"), parse_arch("sm_89"))
+    family = registry.get("mla_sparse_decode")
+    cfg = sparse_config(BF16_ROWS, 512, 64, arch.tuning)
+    binary = build(family.source(cfg, arch))
+    report = binary.log.split(f"Function properties for {family.SPLITKV}")[1].splitlines()[1]
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
+    sass = sass_of(binary.cubin, tmp_path)
+    assert "HMMA.16816" in sass and "LDGSTS" in sass
