@@ -137,6 +137,8 @@ ROWS_GRID = [
     PrefillCase(33, 64, 1024, 4096, d=512),
     PrefillCase(7, 128, 2048, 4096, d=512, topk_length=True, sink=True),
     PrefillCase(9, 3, 80, 500, d=512, invalid=0.3),
+    PrefillCase(5, 100, 320, 2000, topk_length=True, sink=True),
+    PrefillCase(260, 128, 96, 5000, invalid=0.2),
 ]
 
 

@@ -24,6 +24,17 @@ def test_bf16_rows_config_has_no_landing_slots(arch, d, smem):
     assert sparse_config(FP8_RECORDS, 576, 64, parse_arch(arch)) == sparse_decode_config(64, parse_arch(arch))
 
 
+@pytest.mark.parametrize("arch,h_q,tiles", [("sm_90a", 16, (16, 16, 4, 4)), ("sm_90a", 20, (32, 16, 3, 4)),
+                                           ("sm_90a", 64, (64, 32, 3, 8)), ("sm_80", 128, (64, 32, 2, 8)),
+                                           ("sm_89", 128, (32, 16, 3, 4)), ("sm_86", 8, (16, 16, 4, 4))])
+def test_bf16_rows_tiles_grow_with_the_heads(arch, h_q, tiles):
+    """Above 16 heads a gathered row feeds 32 or 64 heads' MMAs (the dense family's Q-in-smem tiles)."""
+    cfg = sparse_config(BF16_ROWS, 576, 64, parse_arch(arch), h_q)
+    assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.num_warps) == tiles and cfg.smem_bytes <= cfg.smem_limit
+    # FP8 records keep the 16-row kernel (its de-quantization runs there only)
+    assert sparse_config(FP8_RECORDS, 576, 64, parse_arch(arch), h_q).block_m == 16
+
+
 def _args(**kw):
     args = dict(q=torch.zeros((4, 16, 576), dtype=torch.bfloat16), kv=torch.zeros((100, 1, 576), dtype=torch.bfloat16),
                 indices=torch.zeros((4, 1, 128), dtype=torch.int32), d_v=512, attn_sink=None)
@@ -100,8 +111,10 @@ def test_prewarm_lists_the_prefill_kernels():
     family = registry.get("mla_sparse_decode")
     v32 = [p for p in PRESETS.values() if p.indexer_heads and p.head_dim == 576]
     assert v32, "a preset with DeepSeek sparse attention"
-    configs = family.prewarm_configs(parse_arch("sm_89"), v32)
+    configs = family.prewarm_configs(parse_arch("sm_90a"), v32)
     assert {c.sparse for c in configs} == {FP8_RECORDS, BF16_ROWS}
+    # the bf16-rows kernels of the presets' head counts (128 / 64 / 32 / 16 heads at TP 1 / 2 / 4 / 8)
+    assert {c.block_m for c in configs if c.sparse == BF16_ROWS} >= {16, 32, 64}
 
 
 @pytest.mark.slow
@@ -109,7 +122,7 @@ def test_bf16_rows_kernel_compiles_without_spills(cache_root, monkeypatch, tmp_p
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
     arch = ArchPair(parse_arch("sm_89"), parse_arch("sm_89"))
     family = registry.get("mla_sparse_decode")
-    cfg = sparse_config(BF16_ROWS, 512, 64, arch.tuning)
+    cfg = sparse_config(BF16_ROWS, 512, 64, arch.tuning, 32)   # Q in shared memory, 32 x 16 tiles
     binary = build(family.source(cfg, arch))
     report = binary.log.split(f"Function properties for {family.SPLITKV}")[1].splitlines()[1]
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log

@@ -69,9 +69,9 @@ class Sm80DecodeConfig:
                      page_size=SUPPORTED_PAGE_SIZES, block_m=(16, 32, 64), block_n=(16, 32, 64),
                      num_stages=(2, 3, 4), num_warps=(4, 8), smem_limit=range(1, 228 * 1024 + 1))
         check_fields(self, sparse=tuple(SPARSE_KV))
-        if self.sparse and (self.dtype != "bf16" or self.block_m != 16 or (
-                self.sparse == "fp8_records" and (self.head_dim != 576 or self.num_stages < 3))):
-            raise InvalidArgumentError("Sm80DecodeConfig.sparse", "bf16 and block_m 16 (fp8_records: head_dim 576 "
+        if self.sparse and (self.dtype != "bf16" or (self.sparse == "fp8_records" and (
+                self.head_dim != 576 or self.block_m != 16 or self.num_stages < 3))):
+            raise InvalidArgumentError("Sm80DecodeConfig.sparse", "bf16 (fp8_records: head_dim 576, block_m 16 "
                                        "and >= 3 stages) with sparse", f"{self.dtype}, {self.head_dim}, "
                                        f"{self.block_m}, {self.num_stages}")
         if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
@@ -285,7 +285,8 @@ def _sm80_smem_bytes(block_m: int, block_n: int, stages: int, warps: int, head_d
     quads = warps == 2 * (block_m // 16) and (block_n == 16 or (block_n == 32 and block_m == 64))
     slots = (3 if block_n == 16 else 2) if quads else 1
     p_x = max(block_m * block_n * 2, warps * slots * s_nt * 32 * 16)
-    return block_m * head_dim * 2 + stages * stage + p_x + 2 * wn * block_m * 4 + block_m * 4
+    row_max = block_m * 4 if sparse else 0   # sparse: each row's final max for the epilogue
+    return block_m * head_dim * 2 + stages * stage + stage_flags + p_x + 2 * wn * block_m * 4 + block_m * 4 + row_max
 
 
 def _sm80_min_blocks(block_m: int) -> int:

@@ -1,10 +1,11 @@
 """Configs of the sparse (DSA) attention kernels: pure functions of the arch and the token storage.
 
-The kernel is the mma.sync split-KV kernel (splitkv_sm80.cuh) with SPARSE_KV: 16 query heads of one
-query token per CTA, Q in registers, 16-token tiles gathered by index (cp.async). Tokens are
-FlashMLA's FP8 records (the decode's cache, also read by the sparse prefill: each tile's e4m3 values
-de-quantized into bf16 one tile ahead of its use) or bf16 rows (the sparse prefill's kv, d_qk 576 or
-512). It serves every arch, Hopper included, until a wgmma kernel lands.
+The kernel is the mma.sync split-KV kernel (splitkv_sm80.cuh) with SPARSE_KV, tiles of one query
+token's heads gathered by index (cp.async). Tokens are FlashMLA's FP8 records (the decode's cache,
+also read by the sparse prefill: 16 heads a CTA, Q in registers, each tile's e4m3 values de-quantized
+into bf16 one tile ahead of its use) or bf16 rows (the sparse prefill's kv, d_qk 576 or 512: the
+dense family's tiles, so that above 16 heads a gathered row feeds 32 or 64 heads' MMAs). It serves
+every arch, Hopper included, until a wgmma kernel lands.
 """
 from __future__ import annotations
 
@@ -29,18 +30,28 @@ _ROWS_PAGE = 64
 _SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90a": 227 * 1024}
 
 
-def _stages(arch: Arch, head_dim: int, kv: str) -> int:
-    """4 stages where they fit (FP8 records 111.6 KB, bf16 rows <= 78 KB), else 3 (FP8 records: 84.7
-    KB on the 99 KB Ada / GA10x blocks)."""
-    return 4 if _sm80_smem_bytes(BLOCK_M, BLOCK_N, 4, NUM_WARPS, head_dim, kv) <= _SMEM_LIMIT[arch.name] else 3
+def _tiles(arch: Arch, head_dim: int, kv: str, h_q: int) -> tuple[int, int, int, int]:
+    """(block_m, block_n, stages, warps). FP8 records, and bf16 rows of at most 16 heads: 16 x 16
+    tiles with Q in registers, 4 stages where they fit (FP8 records 111.6 KB, bf16 rows <= 78 KB),
+    else 3 (FP8 records: 84.7 KB on the 99 KB Ada / GA10x blocks). bf16 rows of more heads: 32 x 16,
+    3 stages, 4 warps (99 KB at d 576: 2 CTAs an SM on Hopper); above 32 heads on sm_80 / sm_90a
+    64 x 32 with 8 warps and 2 stages (sm_80's 163 KB) or 3 (sm_90a's 227 KB)."""
+    if kv == FP8_RECORDS or h_q <= BLOCK_M:
+        fits = _sm80_smem_bytes(BLOCK_M, BLOCK_N, 4, NUM_WARPS, head_dim, kv) <= _SMEM_LIMIT[arch.name]
+        return BLOCK_M, BLOCK_N, 4 if fits else 3, NUM_WARPS
+    if h_q <= 32 or arch.name not in ("sm_80", "sm_90a"):
+        return 32, 16, 3, 4
+    return 64, 32, 3 if arch.name == "sm_90a" else 2, 8
 
 
 @functools.lru_cache(maxsize=None)
-def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch) -> Sm80DecodeConfig:
-    """The kernel over `kv` tokens (FP8_RECORDS in pages of page_size, or BF16_ROWS of head_dim)."""
+def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch, h_q: int = BLOCK_M) -> Sm80DecodeConfig:
+    """The kernel over `kv` tokens (FP8_RECORDS in pages of page_size, or BF16_ROWS of head_dim) for
+    h_q query heads."""
     page = page_size if kv == FP8_RECORDS else _ROWS_PAGE
-    return Sm80DecodeConfig("bf16", head_dim, HEAD_DIM_V, page, BLOCK_M, BLOCK_N, _stages(arch, head_dim, kv),
-                            NUM_WARPS, _SMEM_LIMIT[arch.name], sparse=kv)
+    block_m, block_n, stages, warps = _tiles(arch, head_dim, kv, h_q)
+    return Sm80DecodeConfig("bf16", head_dim, HEAD_DIM_V, page, block_m, block_n, stages, warps,
+                            _SMEM_LIMIT[arch.name], sparse=kv)
 
 
 def sparse_decode_config(page_size: int, arch: Arch) -> Sm80DecodeConfig:
@@ -49,9 +60,9 @@ def sparse_decode_config(page_size: int, arch: Arch) -> Sm80DecodeConfig:
 
 def ctas_per_sm(cfg: Sm80DecodeConfig, smem_per_sm: int) -> int:
     """CTAs of the sparse kernel `cfg` resident per SM, at least 1."""
-    return sm80_resident_ctas(cfg.smem_bytes, NUM_WARPS, BLOCK_M, smem_per_sm)
+    return sm80_resident_ctas(cfg.smem_bytes, cfg.num_warps, cfg.block_m, smem_per_sm)
 
 
-def num_sm_parts(num_sms: int, resident: int, h_q: int) -> int:
-    """SM parts of the schedule: one wave of split-KV CTAs over the ceil(h_q / 16) head tiles."""
-    return max(1, num_sms * resident // -(-h_q // BLOCK_M))
+def num_sm_parts(num_sms: int, resident: int, h_q: int, block_m: int = BLOCK_M) -> int:
+    """SM parts of the schedule: one wave of split-KV CTAs over the ceil(h_q / block_m) head tiles."""
+    return max(1, num_sms * resident // -(-h_q // block_m))

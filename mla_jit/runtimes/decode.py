@@ -135,5 +135,5 @@ class MlaSparseDecodeFamily(MlaDecodeSm80Family):
         # cache's page size (decode, and prefill over the cache), and the prefill's bf16 rows.
         sparse = [p for p in presets if p.indexer_heads and p.head_dim in PREFILL_HEAD_DIMS]
         configs = [sparse_decode_config(p.page_size, arch) for p in sparse if p.head_dim == 576]
-        configs += [sparse_config(BF16_ROWS, p.head_dim, 64, arch) for p in sparse]
+        configs += [sparse_config(BF16_ROWS, p.head_dim, 64, arch, p.num_heads_q) for p in sparse]
         return list(dict.fromkeys(configs))

@@ -36,7 +36,7 @@ def sm_parts_for(device_index: int, h_q: int, cfg: Sm80DecodeConfig | None = Non
     decode's kernel by default; its page size does not change its shared memory)."""
     if cfg is None:
         cfg = sparse_decode_config(64, resolve_for_device(device_index).tuning)
-    return num_sm_parts(_num_sms(device_index), ctas_per_sm(cfg, _smem_per_sm(device_index)), h_q)
+    return num_sm_parts(_num_sms(device_index), ctas_per_sm(cfg, _smem_per_sm(device_index)), h_q, cfg.block_m)
 
 
 class SparseMetadataPlan:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..configs.decode import metadata_config
-from ..configs.sparse import BLOCK_M, FP8_RECORDS, sparse_config
+from ..configs.sparse import FP8_RECORDS, sparse_config
 from ..jit.arch import resolve_for_device
 from ..jit.launch import PTR, Blob
 from ..jit.stream import current_stream
@@ -43,11 +43,12 @@ class SparsePrefillPlan:
         self.kv_format, self.h_q = kv_format, h_q
         arch = resolve_for_device(self.device_index)
         family = registry.get("mla_sparse_decode")
-        cfg = sparse_config(kv_format, d, kv.shape[1] if kv_format == FP8_RECORDS else 64, arch.tuning)
+        cfg = sparse_config(kv_format, d, kv.shape[1] if kv_format == FP8_RECORDS else 64, arch.tuning, h_q)
         smem = _kernel_smem(family, cfg, arch, self.device_index)
         self.parts = sm_parts_for(self.device_index, h_q, cfg)
         self.splitkv = family.launcher(cfg, arch, family.SPLITKV, self.device_index, (Blob(DECODE_PARAMS.size), PTR),
-                                       (self.parts, 1, -(-h_q // BLOCK_M)), (cfg.num_threads, 1, 1), dynamic_smem=smem)
+                                       (self.parts, 1, -(-h_q // cfg.block_m)), (cfg.num_threads, 1, 1),
+                                       dynamic_smem=smem)
         meta_cfg = metadata_config()
         self.block_n, self.fixed_overhead_blocks = meta_cfg.block_n, meta_cfg.fixed_overhead_blocks
         meta_family = registry.get("mla_metadata")

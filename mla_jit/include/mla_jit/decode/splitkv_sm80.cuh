@@ -132,9 +132,9 @@ struct SplitKVSm80Config {
   static_assert(!kSparseFp8 || (kQInRegs && HEAD_DIM == 576 && HEAD_DIM_V == 512 &&
                                 cute::is_same_v<Element, cutlass::bfloat16_t> && NUM_STAGES >= 3),
                 "sparse FP8 records: Q in registers, d 576 / dv 512, bf16, >= 3 stages (tiles are de-quantized one ahead)");
-  static_assert(!kSparse || kSparseFp8 || (kQInRegs && (HEAD_DIM == 576 || HEAD_DIM == 512) && HEAD_DIM_V == 512 &&
+  static_assert(!kSparse || kSparseFp8 || ((HEAD_DIM == 576 || HEAD_DIM == 512) && HEAD_DIM_V == 512 &&
                                            cute::is_same_v<Element, cutlass::bfloat16_t>),
-                "sparse bf16 rows: Q in registers, d 576 or 512 / dv 512, bf16");
+                "sparse bf16 rows: d 576 or 512 / dv 512, bf16");
 
   // 16-byte chunks.
   static constexpr int kRowChunks = HEAD_DIM / 8;          // per Q / KV row
@@ -173,7 +173,9 @@ struct SplitKVSm80Config {
   static constexpr int kOffRedMax = kOffP + kPXBytes;              // float [WN][BLOCK_M]
   static constexpr int kOffRedSum = kOffRedMax + kRedBytes;        // float [WN][BLOCK_M]
   static constexpr int kOffRowScale = kOffRedSum + kRedBytes;      // float [BLOCK_M]
-  static constexpr int kSmemBytes = kOffRowScale + (kQInRegs ? 0 : BLOCK_M * 4);
+  // Sparse, Q in smem: each row's final running max (for the sink and max_logits in the epilogue).
+  static constexpr int kOffRowMax = kOffRowScale + (kQInRegs ? 0 : BLOCK_M * 4);  // float [BLOCK_M]
+  static constexpr int kSmemBytes = kOffRowMax + (kSparse && !kQInRegs ? BLOCK_M * 4 : 0);
   static_assert(kSmemBytes <= SMEM_LIMIT, "shared memory budget of the arch (reduce NUM_STAGES / BLOCK_N / BLOCK_M)");
 
   // CTAs per SM the register budget must allow (__launch_bounds__ min blocks): 3 for the small
@@ -976,9 +978,19 @@ __device__ __forceinline__ void qsmem_exchange_quads(const float (&sp)[2][2 * Cf
 // first row).
 template <typename Cfg>
 __device__ __forceinline__ void qsmem_mask_row_max(float (&s_acc)[Cfg::S_NT][4], int tok, const int (&lim)[2],
-                                                   int s_col0, int q_row0, int wn, int lane, float* red_max) {
+                                                   int s_col0, int q_row0, int wn, int lane, float* red_max,
+                                                   unsigned s_flags) {
   constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, S_NT = Cfg::S_NT;
-  if (tok + BN > min(lim[0], lim[1])) {
+  if constexpr (Cfg::kSparse) {  // the stage's valid flags (s_flags: its first token's byte)
+#pragma unroll
+    for (int nt = 0; nt < S_NT; ++nt) {
+      unsigned short f2;
+      asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(f2) : "r"(s_flags + unsigned(s_col0 + nt * 8)));
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (((f2 >> (8 * (e & 1))) & 0xff) == 0) s_acc[nt][e] = -kInf;
+    }
+  } else if (tok + BN > min(lim[0], lim[1])) {
 #pragma unroll
     for (int nt = 0; nt < S_NT; ++nt)
 #pragma unroll
@@ -1032,6 +1044,9 @@ __device__ __forceinline__ void qsmem_softmax(const DecodeParams& p, const float
     }
     l_part[h] = l_part[h] * sc + sum;
     if (wn == 0 && (lane & 3) == 0) row_scale[row] = sc;
+    if constexpr (Cfg::kSparse) {  // the epilogue's sink and max_logits need every row's max
+      if (last && wn == 0 && (lane & 3) == 0) reinterpret_cast<float*>(smem + Cfg::kOffRowMax)[row] = m_new;
+    }
     if (last) {
       float l = l_part[h];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -1101,6 +1116,7 @@ __device__ __forceinline__ void qsmem_finish_piece(const DecodeParams& p, const 
   const int g = blockIdx.y, m_block = blockIdx.z;
   const PieceDest dest = piece_dest(p, bi, first_piece ? __ldg(meta + kMetaBeginSplit) : 0);
   const int col_base = o_col0 + (lane % 4) * 2;
+  const float* row_max = red_sum + (Cfg::kOffRowMax - Cfg::kOffRedSum) / 4;  // (sparse only)
 #pragma unroll
   for (int mt = 0; mt < O_MT; ++mt) {
 #pragma unroll
@@ -1111,7 +1127,11 @@ __device__ __forceinline__ void qsmem_finish_piece(const DecodeParams& p, const 
       float l = red_sum[lr];
 #pragma unroll
       for (int j = 1; j < WN; ++j) l += red_sum[j * BM + lr];
-      store_o_row<Element, DV>(p, dest, bi, g, r, col_base, o[mt], h, l > 0.f ? 1.f / l : 0.f);
+      float inv_l = l > 0.f ? 1.f / l : 0.f;
+      if constexpr (Cfg::kSparse) {  // a single split is the final out: the attention sink applies here
+        if (dest.single) inv_l *= sink_factor(p, query_row(p, g, r).head, row_max[lr] + log2f(l));
+      }
+      store_o_row<Element, DV>(p, dest, bi, g, r, col_base, o[mt], h, inv_l);
     }
   }
   // LSE: one writer per row (QK layout, wn == 0, quad leader), which holds m_run of the row.
@@ -1124,7 +1144,8 @@ __device__ __forceinline__ void qsmem_finish_piece(const DecodeParams& p, const 
         float l = red_sum[lr];
 #pragma unroll
         for (int j = 1; j < WN; ++j) l += red_sum[j * BM + lr];
-        store_piece_lse(p, dest, bi, g, r, l > 0.f ? m_run[h] + log2f(l) : -kInf);
+        store_piece_lse<Cfg::kSparse>(p, dest, bi, g, r, l > 0.f ? m_run[h] + log2f(l) : -kInf);
+        if constexpr (Cfg::kSparse) store_max_logit(p, dest, bi, g, r, m_run[h]);
       }
     }
   }
@@ -1160,6 +1181,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
   const unsigned sKV = s_base + Cfg::kOffKV;
   const unsigned sP = s_base + Cfg::kOffP;
   const unsigned sX = s_base + Cfg::kOffP;  // xS shares P's region (disjoint lifetimes, see header)
+  const unsigned sAux = s_base + Cfg::kOffLand;  // sparse: the tokens' valid flags
   float* red_max = reinterpret_cast<float*>(smem + Cfg::kOffRedMax);
   float* red_sum = reinterpret_cast<float*>(smem + Cfg::kOffRedSum);
   float* row_scale = reinterpret_cast<float*>(smem + Cfg::kOffRowScale);
@@ -1190,7 +1212,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
   auto start_kv = [&]() {
     if (!kv_started) {
 #pragma unroll
-      for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens);  // (dense only)
+      for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens, sAux);
       kv_started = true;
     }
   };
@@ -1262,7 +1284,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
     sm80::cp_async_wait<NS - 2>();  // this thread's copies of tile n landed
     __syncthreads();                // A: everyone's copies of tile n (and Q) are visible; stage n-1, P free
     phases.mark(1);
-    prod.issue(p, k_cache, sKV, g, seqlens);  // tile n + NS - 1 -> stage (n - 1) % NS
+    prod.issue(p, k_cache, sKV, g, seqlens, sAux);  // tile n + NS - 1 -> stage (n - 1) % NS
 
     const unsigned sK = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
     const bool last = cur.tok + BN >= cur.stop;
@@ -1327,7 +1349,8 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
     }
 
     phases.mark(3);
-    sm80::qsmem_mask_row_max<Cfg>(s_acc, cur.tok, lim, s_col0, q_row0, wn, lane, red_max);
+    sm80::qsmem_mask_row_max<Cfg>(s_acc, cur.tok, lim, s_col0, q_row0, wn, lane, red_max,
+                                  sAux + unsigned(Cfg::kLandBytes + stage * BN));
     __syncthreads();  // B: row maxima of all warps visible; every xS read done (P may overwrite it)
     phases.mark(4);
 
