@@ -24,7 +24,9 @@ def test_config_fits_each_arch(arch, stages, smem):
 
 def test_config_rejects_what_the_kernel_does_not_serve():
     with pytest.raises(InvalidArgumentError, match="sparse"):
-        Sm80DecodeConfig("bf16", 576, 512, 64, 32, 16, 3, 4, 163 * 1024, sparse="fp8_records")
+        Sm80DecodeConfig("bf16", 512, 512, 64, 16, 16, 3, 4, 163 * 1024, sparse="fp8_records")
+    with pytest.raises(InvalidArgumentError, match="sparse"):
+        Sm80DecodeConfig("fp16", 576, 512, 64, 32, 16, 3, 4, 163 * 1024, sparse="bf16_rows")
     with pytest.raises(InvalidArgumentError, match="sparse"):
         Sm80DecodeConfig("bf16", 576, 512, 64, 16, 16, 2, 4, 163 * 1024, sparse="fp8_records")
     with pytest.raises(InvalidArgumentError, match="sparse"):

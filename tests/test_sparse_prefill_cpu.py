@@ -31,8 +31,12 @@ def test_bf16_rows_tiles_grow_with_the_heads(arch, h_q, tiles):
     """Above 16 heads a gathered row feeds 32 or 64 heads' MMAs (the dense family's Q-in-smem tiles)."""
     cfg = sparse_config(BF16_ROWS, 576, 64, parse_arch(arch), h_q)
     assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.num_warps) == tiles and cfg.smem_bytes <= cfg.smem_limit
-    # FP8 records keep the 16-row kernel (its de-quantization runs there only)
-    assert sparse_config(FP8_RECORDS, 576, 64, parse_arch(arch), h_q).block_m == 16
+    # FP8 records: 64 x 16 tiles above 32 heads where 4 stages of them and their landing slots fit
+    # (sm_90a), else the 16-row kernel
+    fp8 = sparse_config(FP8_RECORDS, 576, 64, parse_arch(arch), h_q)
+    want = (64, 16, 4, 8) if arch == "sm_90a" and h_q > 32 else (16, 16)
+    assert (fp8.block_m, fp8.block_n, fp8.num_stages, fp8.num_warps)[:len(want)] == want
+    assert fp8.smem_bytes <= fp8.smem_limit
 
 
 def _args(**kw):

@@ -70,10 +70,9 @@ class Sm80DecodeConfig:
                      num_stages=(2, 3, 4), num_warps=(4, 8), smem_limit=range(1, 228 * 1024 + 1))
         check_fields(self, sparse=tuple(SPARSE_KV))
         if self.sparse and (self.dtype != "bf16" or (self.sparse == "fp8_records" and (
-                self.head_dim != 576 or self.block_m != 16 or self.num_stages < 3))):
-            raise InvalidArgumentError("Sm80DecodeConfig.sparse", "bf16 (fp8_records: head_dim 576, block_m 16 "
-                                       "and >= 3 stages) with sparse", f"{self.dtype}, {self.head_dim}, "
-                                       f"{self.block_m}, {self.num_stages}")
+                self.head_dim != 576 or self.num_stages < 3))):
+            raise InvalidArgumentError("Sm80DecodeConfig.sparse", "bf16 (fp8_records: head_dim 576 and >= 3 "
+                                       "stages) with sparse", f"{self.dtype}, {self.head_dim}, {self.num_stages}")
         if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
             raise InvalidArgumentError("Sm80DecodeConfig.head_dim_v",
                                        f"(head_dim, head_dim_v) in {SUPPORTED_HEAD_DIMS}",

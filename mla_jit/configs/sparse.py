@@ -31,11 +31,14 @@ _SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_
 
 
 def _tiles(arch: Arch, head_dim: int, kv: str, h_q: int) -> tuple[int, int, int, int]:
-    """(block_m, block_n, stages, warps). FP8 records, and bf16 rows of at most 16 heads: 16 x 16
-    tiles with Q in registers, 4 stages where they fit (FP8 records 111.6 KB, bf16 rows <= 78 KB),
-    else 3 (FP8 records: 84.7 KB on the 99 KB Ada / GA10x blocks). bf16 rows of more heads: 32 x 16,
+    """(block_m, block_n, stages, warps). FP8 records of more than 32 heads on sm_90a: 64 x 16 with 8
+    warps and 4 stages (195 KB: a record de-quantized once for 64 heads). Else FP8 records, and bf16
+    rows of at most 16 heads: 16 x 16 tiles with Q in registers, 4 stages where they fit (FP8 records
+    111.6 KB, bf16 rows <= 78 KB), else 3 (FP8 records: 84.7 KB on the 99 KB Ada / GA10x blocks). bf16 rows of more heads: 32 x 16,
     3 stages, 4 warps (99 KB at d 576: 2 CTAs an SM on Hopper); above 32 heads on sm_80 / sm_90a
     64 x 32 with 8 warps and 2 stages (sm_80's 163 KB) or 3 (sm_90a's 227 KB)."""
+    if kv == FP8_RECORDS and h_q > 32 and arch.name == "sm_90a":
+        return 64, 16, 4, 8
     if kv == FP8_RECORDS or h_q <= BLOCK_M:
         fits = _sm80_smem_bytes(BLOCK_M, BLOCK_N, 4, NUM_WARPS, head_dim, kv) <= _SMEM_LIMIT[arch.name]
         return BLOCK_M, BLOCK_N, 4 if fits else 3, NUM_WARPS
@@ -54,8 +57,9 @@ def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch, h_q: int =
                             _SMEM_LIMIT[arch.name], sparse=kv)
 
 
-def sparse_decode_config(page_size: int, arch: Arch) -> Sm80DecodeConfig:
-    return sparse_config(FP8_RECORDS, HEAD_DIM, page_size, arch)
+def sparse_decode_config(page_size: int, arch: Arch, h_q: int = BLOCK_M) -> Sm80DecodeConfig:
+    """The sparse decode's kernel (FP8 records) for h_q heads."""
+    return sparse_config(FP8_RECORDS, HEAD_DIM, page_size, arch, h_q)
 
 
 def ctas_per_sm(cfg: Sm80DecodeConfig, smem_per_sm: int) -> int:

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 from ..configs.decode import (BLOCK_M, CLUSTER_ENV, SCHEDULE_ENV, SCHEDULES, SPARSE_KV, SUPPORTED_HEAD_DIMS,
                               DecodeConfig, MetadataConfig, Sm80DecodeConfig, cluster_m_for, decode_config,
                               metadata_config, out_dtype_of, sm80_decode_config)
-from ..configs.sparse import BF16_ROWS, PREFILL_HEAD_DIMS, sparse_decode_config, sparse_config
+from ..configs.sparse import BF16_ROWS, FP8_RECORDS, PREFILL_HEAD_DIMS, sparse_config
 from ..dtypes import cpp_type
 from ..jit import env
 from ..jit.arch import Arch, ArchPair
@@ -134,6 +134,7 @@ class MlaSparseDecodeFamily(MlaDecodeSm80Family):
         # Models with DeepSeek sparse attention (an indexer: V3.2, GLM-5): the FP8 records at their
         # cache's page size (decode, and prefill over the cache), and the prefill's bf16 rows.
         sparse = [p for p in presets if p.indexer_heads and p.head_dim in PREFILL_HEAD_DIMS]
-        configs = [sparse_decode_config(p.page_size, arch) for p in sparse if p.head_dim == 576]
+        configs = [sparse_config(FP8_RECORDS, 576, p.page_size, arch, p.num_heads_q) for p in sparse
+                   if p.head_dim == 576]
         configs += [sparse_config(BF16_ROWS, p.head_dim, 64, arch, p.num_heads_q) for p in sparse]
         return list(dict.fromkeys(configs))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..configs.decode import COMBINE_ROWS_PER_CTA, COMBINE_THREADS, Sm80DecodeConfig, accum_rows, metadata_config
-from ..configs.sparse import BLOCK_M, HEAD_DIM_V, ctas_per_sm, num_sm_parts, sparse_decode_config
+from ..configs.sparse import FP8_RECORDS, HEAD_DIM, HEAD_DIM_V, ctas_per_sm, num_sm_parts, sparse_config
 from ..jit.arch import resolve_for_device
 from ..jit.launch import PTR, Blob
 from ..jit.stream import current_stream
@@ -33,9 +33,9 @@ def reset() -> None:
 
 def sm_parts_for(device_index: int, h_q: int, cfg: Sm80DecodeConfig | None = None) -> int:
     """Rows of the sparse schedule (SM parts) on this GPU: one wave of split-KV CTAs of `cfg` (the
-    decode's kernel by default; its page size does not change its shared memory)."""
+    decode's kernel for h_q heads by default; its page size does not change its tiles)."""
     if cfg is None:
-        cfg = sparse_decode_config(64, resolve_for_device(device_index).tuning)
+        cfg = sparse_config(FP8_RECORDS, HEAD_DIM, 64, resolve_for_device(device_index).tuning, h_q)
     return num_sm_parts(_num_sms(device_index), ctas_per_sm(cfg, _smem_per_sm(device_index)), h_q, cfg.block_m)
 
 
@@ -82,11 +82,12 @@ class SparseDecodePlan:
         self.device_index = q.get_device()
         arch = resolve_for_device(self.device_index)
         family = registry.get("mla_sparse_decode")
-        cfg = sparse_decode_config(page_size, arch.tuning)
+        cfg = sparse_config(FP8_RECORDS, HEAD_DIM, page_size, arch.tuning, h_q)
         smem = _kernel_smem(family, cfg, arch, self.device_index)
         self.rows = b * s_q
         self.splitkv = family.launcher(cfg, arch, family.SPLITKV, self.device_index, (Blob(DECODE_PARAMS.size), PTR),
-                                       (parts, 1, -(-h_q // BLOCK_M)), (cfg.num_threads, 1, 1), dynamic_smem=smem)
+                                       (parts, 1, -(-h_q // cfg.block_m)), (cfg.num_threads, 1, 1),
+                                       dynamic_smem=smem)
         # Programmatic dependent launch exists from sm_90 on; below, the combine follows in stream order.
         self.combine = family.launcher(cfg, arch, family.COMBINE, self.device_index, (Blob(DECODE_PARAMS.size),),
                                        (self.rows, 1, -(-h_q // COMBINE_ROWS_PER_CTA)), (COMBINE_THREADS, 1, 1),

@@ -129,9 +129,9 @@ struct SplitKVSm80Config {
   static_assert(kQKSplit == 2 || NUM_WARPS == 2 * WM, "quads: one group of 4 warps per 32 rows, all tokens");
   static_assert(kORegs <= 128, "O accumulator would not fit the register file (use more warps or a smaller BLOCK_M)");
   static_assert(SPARSE_KV_ >= kDenseKV && SPARSE_KV_ <= kSparseBf16Rows, "SPARSE_KV in {0, 1, 2}");
-  static_assert(!kSparseFp8 || (kQInRegs && HEAD_DIM == 576 && HEAD_DIM_V == 512 &&
-                                cute::is_same_v<Element, cutlass::bfloat16_t> && NUM_STAGES >= 3),
-                "sparse FP8 records: Q in registers, d 576 / dv 512, bf16, >= 3 stages (tiles are de-quantized one ahead)");
+  static_assert(!kSparseFp8 || (HEAD_DIM == 576 && HEAD_DIM_V == 512 && cute::is_same_v<Element, cutlass::bfloat16_t> &&
+                                NUM_STAGES >= 3),
+                "sparse FP8 records: d 576 / dv 512, bf16, >= 3 stages (tiles are de-quantized one ahead)");
   static_assert(!kSparse || kSparseFp8 || ((HEAD_DIM == 576 || HEAD_DIM == 512) && HEAD_DIM_V == 512 &&
                                            cute::is_same_v<Element, cutlass::bfloat16_t>),
                 "sparse bf16 rows: d 576 or 512 / dv 512, bf16");
@@ -143,7 +143,8 @@ struct SplitKVSm80Config {
   // KV loads: kThreadsPerToken threads per token, kChunksPerThread chunks each.
   static constexpr int kThreadsPerToken = NUM_THREADS / BLOCK_N;
   static constexpr int kChunksPerThread = kRowChunks / kThreadsPerToken;
-  static_assert(NUM_THREADS % BLOCK_N == 0 && kRowChunks % kThreadsPerToken == 0 &&
+  // (FP8 records: the record's 41 chunks go round the token's threads, a bound check per chunk.)
+  static_assert(NUM_THREADS % BLOCK_N == 0 && (kSparseFp8 || kRowChunks % kThreadsPerToken == 0) &&
                     (kThreadsPerToken % 8 == 0 || 8 % kThreadsPerToken == 0),
                 "every thread copies whole chunks of one token");
 
@@ -1213,6 +1214,11 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
     if (!kv_started) {
 #pragma unroll
       for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens, sAux);
+      if constexpr (Cfg::kSparseFp8) {  // tile 0 de-quantized; from then on each tile one ahead of its use
+        sm80::cp_async_wait<NS - 2>();
+        __syncthreads();
+        sm80::dequant_tile<Cfg>(sAux, sKV, tid);
+      }
       kv_started = true;
     }
   };
@@ -1281,10 +1287,16 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
     }
 
     phases.mark(0);
-    sm80::cp_async_wait<NS - 2>();  // this thread's copies of tile n landed
+    // This thread's copies of tile n landed (FP8 records: of tile n + 1, de-quantized below).
+    sm80::cp_async_wait<Cfg::kSparseFp8 ? NS - 3 : NS - 2>();
     __syncthreads();                // A: everyone's copies of tile n (and Q) are visible; stage n-1, P free
     phases.mark(1);
     prod.issue(p, k_cache, sKV, g, seqlens, sAux);  // tile n + NS - 1 -> stage (n - 1) % NS
+    if constexpr (Cfg::kSparseFp8) {  // tile n + 1: its landing slot into its K stage (read after the next A)
+      const int next = stage + 1 == NS ? 0 : stage + 1;
+      sm80::dequant_tile<Cfg>(sAux + unsigned(next * BN * Cfg::kLandRowBytes),
+                              sKV + unsigned(next) * unsigned(Cfg::kStageBytes), tid);
+    }
 
     const unsigned sK = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
     const bool last = cur.tok + BN >= cur.stop;
