@@ -54,6 +54,13 @@
 //   P -> smem, row rescale -> smem -> bar C -> O = O * rescale + P V.
 // xS and P share one smem region: xS lives from bar A to bar B, P from bar B to the next bar A.
 //
+// Sparse (SPARSE_KV != 0, both variants): the batch is single-token rows (a decode's b * s_q, a
+// prefill's s_q tokens), each walking its topk indices (block_table) in tiles; a byte per token and
+// stage (valid flags, written by the token's producer thread) masks S instead of the length limits.
+// FP8 records land in per-stage landing slots and are de-quantized into their K stage one tile ahead
+// of their use (>= 3 stages; tile n + 1's copies are waited for before barrier A of tile n). The
+// Q-in-smem epilogue reads each row's final max from smem (row_max) for the sink and max_logits.
+//
 // The O rescale (O *= exp2(m_old - m_new)) is skipped when every factor a warp would apply is
 // exactly 1 (the running max did not move): x * 1.0f == x, so the result is bit-identical.
 #pragma once
