@@ -119,3 +119,16 @@ def sparse_reference(q, deq, indices, topk_length, attn_sink, scale=None):
     lse = torch.where(lonely, float("inf"), lse)
     v_max = torch.where(counted[..., None], k[..., :DV].abs(), 0.0).amax((-1, -2))   # (b, s_q)
     return out, lse.transpose(1, 2).contiguous(), v_max
+
+
+def assert_out_within(out, ref_out, v_max):
+    """out (float32) against the reference: |out - ref| <= 2^-8 max|v| + 2 bf16 ulps of the reference
+    (v_max broadcast to out's shape), and 1 - cos < 1e-5."""
+    ulp = torch.ldexp(torch.ones_like(ref_out), torch.frexp(ref_out).exponent - 8)
+    err, bound = (out - ref_out).abs(), 2.0 ** -8 * v_max + 2 * ulp
+    assert (err <= bound).all(), (f"out: {(err > bound).sum().item()} elements off, worst at "
+                                  f"{(err / bound).max().item():.3g} of the bound, max abs err {err.max():.3g}")
+    x, y = out.double(), ref_out.double()
+    denom = (x * x + y * y).sum()
+    if denom > 0:
+        assert (1 - 2 * (x * y).sum() / denom).item() < 1e-5

@@ -119,6 +119,8 @@ def test_prewarm_lists_the_prefill_kernels():
     assert {c.sparse for c in configs} == {FP8_RECORDS, BF16_ROWS}
     # the bf16-rows kernels of the presets' head counts (128 / 64 / 32 / 16 heads at TP 1 / 2 / 4 / 8)
     assert {c.block_m for c in configs if c.sparse == BF16_ROWS} >= {16, 32, 64}
+    # `mla-jit prewarm --op flash_mla_sparse_fwd` warms the scheduler kernel it launches too
+    assert "flash_mla_sparse_fwd" in registry.get("mla_metadata").ops
 
 
 @pytest.mark.slow

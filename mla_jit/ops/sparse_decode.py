@@ -165,6 +165,21 @@ def _check_topk(topk) -> None:
         raise InvalidArgumentError("topk / indices.shape[-1]", f"an int in [1, {MAX_TOPK}]", repr(topk))
 
 
+def check_records(name: str, cache, device: torch.device) -> None:
+    """A cache of FlashMLA's FP8 records: (num_blocks, page_size, 1, 656) of a one-byte dtype, records
+    contiguous, pages 16-byte aligned (the sparse decode's k_cache, the sparse prefill's kv)."""
+    validate.tensor(name, cache, dtypes=_RECORD_DTYPES, ndim=4, device=device)
+    _, page_size, h_kv, rec = cache.shape
+    if h_kv != 1 or rec != RECORD_BYTES:
+        raise InvalidArgumentError(name, f"shape (num_blocks, page_size, 1, {RECORD_BYTES}) of FP8 records",
+                                   f"shape {tuple(cache.shape)}")
+    if page_size not in SUPPORTED_PAGE_SIZES:
+        raise InvalidArgumentError(name, f"page size (dim 1) in {SUPPORTED_PAGE_SIZES}", str(page_size))
+    if cache.stride(3) != 1 or cache.stride(1) != RECORD_BYTES or cache.stride(0) % 16:
+        raise InvalidArgumentError(name, f"records of {RECORD_BYTES} contiguous bytes (stride(1) == "
+                                   f"{RECORD_BYTES}) in pages 16-byte aligned", f"strides {cache.stride()}")
+
+
 def _check_args(q, k_cache, indices, tile_scheduler_metadata, num_splits, head_dim_v, topk_length, attn_sink) -> None:
     validate.tensor("q", q, dtypes=(torch.bfloat16,), ndim=4, last_dim_contiguous=True)
     device = q.device
@@ -182,16 +197,8 @@ def _check_args(q, k_cache, indices, tile_scheduler_metadata, num_splits, head_d
     if q.data_ptr() % 16 or any(q.stride(i) * 2 % 16 for i in range(3)):
         raise InvalidArgumentError("q", "a 16-byte aligned base and strides that are multiples of 16 bytes",
                                    f"strides {q.stride()}")
-    validate.tensor("k_cache", k_cache, dtypes=_RECORD_DTYPES, ndim=4, device=device)
-    num_blocks, page_size, h_kv, rec = k_cache.shape
-    if h_kv != 1 or rec != RECORD_BYTES:
-        raise InvalidArgumentError("k_cache", f"shape (num_blocks, page_size, 1, {RECORD_BYTES}) of FP8 records",
-                                   f"shape {tuple(k_cache.shape)}")
-    if page_size not in SUPPORTED_PAGE_SIZES:
-        raise InvalidArgumentError("k_cache", f"page size (dim 1) in {SUPPORTED_PAGE_SIZES}", str(page_size))
-    if k_cache.stride(3) != 1 or k_cache.stride(1) != RECORD_BYTES or k_cache.stride(0) % 16:
-        raise InvalidArgumentError("k_cache", f"records of {RECORD_BYTES} contiguous bytes (stride(1) == "
-                                   f"{RECORD_BYTES}) in pages 16-byte aligned", f"strides {k_cache.stride()}")
+    check_records("k_cache", k_cache, device)
+    num_blocks, page_size = k_cache.shape[:2]
     validate.aligned("k_cache", k_cache, 16)
     if num_blocks * page_size >= 2 ** 31:
         raise InvalidArgumentError("k_cache", "fewer than 2^31 tokens", str(num_blocks * page_size))

@@ -15,15 +15,12 @@ import math
 
 import torch
 
-from ..configs.decode import SUPPORTED_PAGE_SIZES
 from ..configs.sparse import BF16_ROWS, FP8_RECORDS, HEAD_DIM, HEAD_DIM_V, MAX_TOPK, PREFILL_HEAD_DIMS, RECORD_BYTES
 from ..errors import InvalidArgumentError
 from ..runtimes import sparse_prefill_plan as runtime
-from . import library, validate
+from . import library, sparse_decode, validate
 
 _MAX_H_Q = 128
-# One-byte dtypes of FlashMLA's FP8 cache records (the kernel reads bytes).
-_RECORD_DTYPES = (torch.float8_e4m3fn, torch.int8, torch.uint8)
 
 
 def flash_mla_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = 512,
@@ -87,16 +84,9 @@ def _check_layout(q, kv, indices, d_v, attn_sink) -> str:
         raise InvalidArgumentError("d_v", str(HEAD_DIM_V), repr(d_v))
     if isinstance(kv, torch.Tensor) and kv.dim() == 4:
         kv_format = FP8_RECORDS
-        validate.tensor("kv", kv, dtypes=_RECORD_DTYPES, ndim=4, device=device)
-        _, page_size, h_kv, rec = kv.shape
-        if h_kv != 1 or rec != RECORD_BYTES or d != HEAD_DIM:
-            raise InvalidArgumentError("kv", f"FP8 records (num_blocks, page_size, 1, {RECORD_BYTES}) under a q of "
-                                       f"head dim {HEAD_DIM}", f"shape {tuple(kv.shape)}, q head dim {d}")
-        if page_size not in SUPPORTED_PAGE_SIZES:
-            raise InvalidArgumentError("kv", f"page size (dim 1) in {SUPPORTED_PAGE_SIZES}", str(page_size))
-        if kv.stride(3) != 1 or kv.stride(1) != RECORD_BYTES or kv.stride(0) % 16:
-            raise InvalidArgumentError("kv", f"records of {RECORD_BYTES} contiguous bytes (stride(1) == "
-                                       f"{RECORD_BYTES}) in pages 16-byte aligned", f"strides {kv.stride()}")
+        sparse_decode.check_records("kv", kv, device)
+        if d != HEAD_DIM:
+            raise InvalidArgumentError("kv", f"FP8 records under a q of head dim {HEAD_DIM}", f"q head dim {d}")
     else:
         kv_format = BF16_ROWS
         validate.tensor("kv", kv, dtypes=(torch.bfloat16,), ndim=3, device=device, last_dim_contiguous=True)

@@ -26,7 +26,8 @@ class MlaMetadataFamily(KernelFamily[MetadataConfig]):
     name = "mla_metadata"
     template = "mla_metadata.cu.j2"
     config_type = MetadataConfig
-    ops = ("get_mla_metadata", "flash_mla_with_kvcache")
+    # (flash_mla_sparse_fwd: the sparse prefill schedules its tokens with it too)
+    ops = ("get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd")
     tunings = ("sm_90a", "sm_80", "sm_86", "sm_89")
     ENTRY = "mla_jit_mla_metadata"
 
