@@ -4,7 +4,8 @@ bf16-rows kernel."""
 import pytest
 import torch
 
-from mla_jit.configs.sparse import BF16_ROWS, FP8_RECORDS, sparse_config, sparse_decode_config
+from mla_jit.configs.sparse import (BF16_ROWS, FP8_RECORDS, SparseWsConfig, family_of, sparse_config,
+                                    sparse_decode_config)
 from mla_jit.errors import InvalidArgumentError
 from mla_jit.jit.arch import ArchPair, parse_arch
 from mla_jit.jit.build import build
@@ -25,7 +26,7 @@ def test_bf16_rows_config_has_no_landing_slots(arch, d, smem):
 
 
 @pytest.mark.parametrize("arch,h_q,tiles", [("sm_90a", 16, (16, 16, 4, 4)), ("sm_90a", 20, (32, 16, 3, 4)),
-                                           ("sm_90a", 64, (64, 32, 3, 8)), ("sm_80", 128, (64, 32, 2, 8)),
+                                           ("sm_90a", 32, (32, 16, 3, 4)), ("sm_80", 128, (64, 32, 2, 8)),
                                            ("sm_89", 128, (32, 16, 3, 4)), ("sm_86", 8, (16, 16, 4, 4))])
 def test_bf16_rows_tiles_grow_with_the_heads(arch, h_q, tiles):
     """Above 16 heads a gathered row feeds 32 or 64 heads' MMAs (the dense family's Q-in-smem tiles)."""
@@ -37,6 +38,19 @@ def test_bf16_rows_tiles_grow_with_the_heads(arch, h_q, tiles):
     want = (64, 16, 4, 8) if arch == "sm_90a" and h_q > 32 else (16, 16)
     assert (fp8.block_m, fp8.block_n, fp8.num_stages, fp8.num_warps)[:len(want)] == want
     assert fp8.smem_bytes <= fp8.smem_limit
+
+
+@pytest.mark.parametrize("h_q", [33, 64, 100, 128])
+@pytest.mark.parametrize("d", [576, 512])
+def test_bf16_rows_above_32_heads_take_the_wgmma_kernel_on_hopper(h_q, d):
+    cfg = sparse_config(BF16_ROWS, d, 64, parse_arch("sm_90a"), h_q)
+    assert cfg == SparseWsConfig(d, 3) and family_of(cfg) == "mla_sparse_sm90"
+    assert (cfg.block_m, cfg.num_threads, cfg.sparse_kv) == (64, 384, 2)
+    # not on the other arches, nor for FP8 records (still the mma.sync kernel)
+    assert family_of(sparse_config(BF16_ROWS, d, 64, parse_arch("sm_80"), h_q)) == "mla_sparse_decode"
+    assert family_of(sparse_config(FP8_RECORDS, 576, 64, parse_arch("sm_90a"), h_q)) == "mla_sparse_decode"
+    with pytest.raises(InvalidArgumentError, match="SparseWsConfig.head_dim"):
+        SparseWsConfig(192, 3)
 
 
 def _args(**kw):
@@ -117,8 +131,11 @@ def test_prewarm_lists_the_prefill_kernels():
     assert v32, "a preset with DeepSeek sparse attention"
     configs = family.prewarm_configs(parse_arch("sm_90a"), v32)
     assert {c.sparse for c in configs} == {FP8_RECORDS, BF16_ROWS}
-    # the bf16-rows kernels of the presets' head counts (128 / 64 / 32 / 16 heads at TP 1 / 2 / 4 / 8)
-    assert {c.block_m for c in configs if c.sparse == BF16_ROWS} >= {16, 32, 64}
+    # the bf16-rows kernels of the presets' head counts (128 / 64 / 32 / 16 heads at TP 1 / 2 / 4 / 8):
+    # mma.sync tiles up to 32 heads, the wgmma kernel above
+    assert {c.block_m for c in configs if c.sparse == BF16_ROWS} >= {16, 32}
+    assert registry.get("mla_sparse_sm90").prewarm_configs(parse_arch("sm_90a"), v32) == [SparseWsConfig(576, 3)]
+    assert registry.get("mla_sparse_sm90").prewarm_configs(parse_arch("sm_90a"), []) == []
     # `mla-jit prewarm --op flash_mla_sparse_fwd` warms the scheduler kernel it launches too
     assert "flash_mla_sparse_fwd" in registry.get("mla_metadata").ops
 
@@ -134,3 +151,16 @@ def test_bf16_rows_kernel_compiles_without_spills(cache_root, monkeypatch, tmp_p
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
     sass = sass_of(binary.cubin, tmp_path)
     assert "HMMA.16816" in sass and "LDGSTS" in sass
+
+
+@pytest.mark.slow
+def test_bf16_rows_wgmma_kernel_compiles_without_spills(cache_root, monkeypatch, tmp_path):
+    monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
+    arch = ArchPair(parse_arch("sm_90a"), parse_arch("sm_90a"))
+    family = registry.get("mla_sparse_sm90")
+    binary = build(family.source(SparseWsConfig(576, 3), arch))
+    report = binary.log.split(f"Function properties for {family.SPLITKV}")[1].splitlines()[1]
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
+    assert "C75" not in binary.log, binary.log   # no wgmma serialization warnings
+    sass = sass_of(binary.cubin, tmp_path)
+    assert "HGMMA" in sass and "LDGSTS" in sass

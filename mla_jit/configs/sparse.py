@@ -10,9 +10,11 @@ every arch, Hopper included, until a wgmma kernel lands.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from ..jit.arch import Arch
-from .decode import Sm80DecodeConfig, _sm80_smem_bytes, sm80_resident_ctas
+from .decode import SPARSE_KV, Sm80DecodeConfig, _sm80_smem_bytes, sm80_resident_ctas
+from .fields import check_fields
 
 # FlashMLA's V3.2 FP8 record of a token: 512 e4m3 values, 4 float32 scales (one per 128 values),
 # 64 bf16 rope values.
@@ -28,6 +30,31 @@ FP8_RECORDS, BF16_ROWS = "fp8_records", "bf16_rows"
 _ROWS_PAGE = 64
 # Per-block shared memory the tile plans may take: sm_80 163 KB, sm_86 / sm_89 99 KB, sm_90a 227 KB.
 _SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90a": 227 * 1024}
+
+
+# bf16 rows of more than this many heads on sm_90a: the warp-specialized wgmma kernel (64-row tiles).
+WS_MIN_HEADS = 33
+
+
+@dataclass(frozen=True)
+class SparseWsConfig:
+    """The sm_90a kernel (splitkv_ws.cuh with SPARSE_KV): 64 heads x 64 gathered tokens per tile, one
+    S / softmax warpgroup and two P V warpgroups that also gather the tiles (cp.async)."""
+    head_dim: int
+    num_stages: int
+    sparse: str = BF16_ROWS
+
+    block_m = 64
+    num_threads = 384
+    fused_combine = False
+    cluster = None
+
+    def __post_init__(self):
+        check_fields(self, head_dim=PREFILL_HEAD_DIMS, num_stages=(2, 3), sparse=(BF16_ROWS,))
+
+    @property
+    def sparse_kv(self) -> int:
+        return SPARSE_KV[self.sparse]
 
 
 def _tiles(arch: Arch, head_dim: int, kv: str, h_q: int) -> tuple[int, int, int, int]:
@@ -48,9 +75,13 @@ def _tiles(arch: Arch, head_dim: int, kv: str, h_q: int) -> tuple[int, int, int,
 
 
 @functools.lru_cache(maxsize=None)
-def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch, h_q: int = BLOCK_M) -> Sm80DecodeConfig:
+def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch,
+                  h_q: int = BLOCK_M) -> Sm80DecodeConfig | SparseWsConfig:
     """The kernel over `kv` tokens (FP8_RECORDS in pages of page_size, or BF16_ROWS of head_dim) for
-    h_q query heads."""
+    h_q query heads: the wgmma kernel for bf16 rows of more than 32 heads on sm_90a (3 stages of 72 KB
+    fit its 227 KB), else the mma.sync kernel's tiles."""
+    if kv == BF16_ROWS and arch.name == "sm_90a" and h_q >= WS_MIN_HEADS:
+        return SparseWsConfig(head_dim, 3)
     page = page_size if kv == FP8_RECORDS else _ROWS_PAGE
     block_m, block_n, stages, warps = _tiles(arch, head_dim, kv, h_q)
     return Sm80DecodeConfig("bf16", head_dim, HEAD_DIM_V, page, block_m, block_n, stages, warps,
@@ -62,8 +93,15 @@ def sparse_decode_config(page_size: int, arch: Arch, h_q: int = BLOCK_M) -> Sm80
     return sparse_config(FP8_RECORDS, HEAD_DIM, page_size, arch, h_q)
 
 
-def ctas_per_sm(cfg: Sm80DecodeConfig, smem_per_sm: int) -> int:
+def family_of(cfg: Sm80DecodeConfig | SparseWsConfig) -> str:
+    """The kernel family (runtimes/decode.py) that builds `cfg`."""
+    return "mla_sparse_sm90" if isinstance(cfg, SparseWsConfig) else "mla_sparse_decode"
+
+
+def ctas_per_sm(cfg: Sm80DecodeConfig | SparseWsConfig, smem_per_sm: int) -> int:
     """CTAs of the sparse kernel `cfg` resident per SM, at least 1."""
+    if isinstance(cfg, SparseWsConfig):
+        return 1
     return sm80_resident_ctas(cfg.smem_bytes, cfg.num_warps, cfg.block_m, smem_per_sm)
 
 

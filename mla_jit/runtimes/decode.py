@@ -7,7 +7,7 @@ from typing import Any, Iterable
 from ..configs.decode import (BLOCK_M, CLUSTER_ENV, SCHEDULE_ENV, SCHEDULES, SPARSE_KV, SUPPORTED_HEAD_DIMS,
                               DecodeConfig, MetadataConfig, Sm80DecodeConfig, cluster_m_for, decode_config,
                               metadata_config, out_dtype_of, sm80_decode_config)
-from ..configs.sparse import BF16_ROWS, FP8_RECORDS, PREFILL_HEAD_DIMS, sparse_config
+from ..configs.sparse import BF16_ROWS, FP8_RECORDS, PREFILL_HEAD_DIMS, SparseWsConfig, family_of, sparse_config
 from ..dtypes import cpp_type
 from ..jit import env
 from ..jit.arch import Arch, ArchPair
@@ -132,10 +132,38 @@ class MlaSparseDecodeFamily(MlaDecodeSm80Family):
     tunings = ("sm_90a", "sm_80", "sm_86", "sm_89")
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[Sm80DecodeConfig]:
-        # Models with DeepSeek sparse attention (an indexer: V3.2, GLM-5): the FP8 records at their
-        # cache's page size (decode, and prefill over the cache), and the prefill's bf16 rows.
-        sparse = [p for p in presets if p.indexer_heads and p.head_dim in PREFILL_HEAD_DIMS]
-        configs = [sparse_config(FP8_RECORDS, 576, p.page_size, arch, p.num_heads_q) for p in sparse
-                   if p.head_dim == 576]
-        configs += [sparse_config(BF16_ROWS, p.head_dim, 64, arch, p.num_heads_q) for p in sparse]
-        return list(dict.fromkeys(configs))
+        return [c for c in _sparse_prewarm(arch, presets) if family_of(c) == self.name]
+
+
+def _sparse_prewarm(arch: Arch, presets: list[Preset]) -> list:
+    """The sparse kernels of the presets' models with DeepSeek sparse attention (an indexer: V3.2,
+    GLM-5): the FP8 records at their cache's page size (decode, and prefill over the cache), and the
+    prefill's bf16 rows."""
+    sparse = [p for p in presets if p.indexer_heads and p.head_dim in PREFILL_HEAD_DIMS]
+    configs = [sparse_config(FP8_RECORDS, 576, p.page_size, arch, p.num_heads_q) for p in sparse
+               if p.head_dim == 576]
+    configs += [sparse_config(BF16_ROWS, p.head_dim, 64, arch, p.num_heads_q) for p in sparse]
+    return list(dict.fromkeys(configs))
+
+
+@register
+class MlaSparseSm90Family(KernelFamily[SparseWsConfig]):
+    """The sparse (DSA) attention's wgmma kernel on sm_90a (configs/sparse.py SparseWsConfig):
+    the dense decode's warp-specialized split-KV kernel with the P V warpgroups gathering the tiles."""
+    name = "mla_sparse_sm90"
+    template = "mla_sparse_sm90.cu.j2"
+    config_type = SparseWsConfig
+    ops = ("flash_mla_sparse_fwd",)
+    tunings = ("sm_90a",)
+    SPLITKV = "mla_jit_sparse_splitkv"
+    COMBINE = "mla_jit_decode_combine"
+
+    def entry_points(self, cfg: SparseWsConfig) -> tuple[str, ...]:
+        return (self.SPLITKV, self.COMBINE)
+
+    def render_context(self, cfg: SparseWsConfig, arch: ArchPair) -> dict[str, Any]:
+        return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "head_dim": cfg.head_dim,
+                "num_stages": cfg.num_stages, "sparse_kv": cfg.sparse_kv}
+
+    def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[SparseWsConfig]:
+        return [c for c in _sparse_prewarm(arch, presets) if family_of(c) == self.name]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..configs.decode import metadata_config
-from ..configs.sparse import FP8_RECORDS, sparse_config
+from ..configs.sparse import FP8_RECORDS, family_of, sparse_config
 from ..jit.arch import resolve_for_device
 from ..jit.launch import PTR, Blob
 from ..jit.stream import current_stream
@@ -42,8 +42,8 @@ class SparsePrefillPlan:
         self.device_index = q.get_device()
         self.kv_format, self.h_q = kv_format, h_q
         arch = resolve_for_device(self.device_index)
-        family = registry.get("mla_sparse_decode")
         cfg = sparse_config(kv_format, d, kv.shape[1] if kv_format == FP8_RECORDS else 64, arch.tuning, h_q)
+        family = registry.get(family_of(cfg))
         smem = _kernel_smem(family, cfg, arch, self.device_index)
         self.parts = sm_parts_for(self.device_index, h_q, cfg)
         self.splitkv = family.launcher(cfg, arch, family.SPLITKV, self.device_index, (Blob(DECODE_PARAMS.size), PTR),

@@ -176,8 +176,10 @@ struct WorkCursor {
 
   __device__ __forceinline__ bool valid() const { return bi <= end_b; }
 
-  // Moves to the first non-empty piece at or after batch `b`.
-  __device__ __forceinline__ void seek(const int* seqlens, int b) {
+  // Moves to the first non-empty piece at or after batch `b`. seqlens: cache_seqlens, or anything
+  // indexable (the sparse kernels' fixed topk).
+  template <typename Lens>
+  __device__ __forceinline__ void seek(const Lens& seqlens, int b) {
     for (bi = b; bi <= end_b; ++bi) {
       L = max(seqlens[bi], 0);
       const int start = bi == begin_b ? begin_tok : 0;
@@ -188,7 +190,8 @@ struct WorkCursor {
       }
     }
   }
-  __device__ __forceinline__ void init(const int* meta, const int* seqlens) {
+  template <typename Lens>
+  __device__ __forceinline__ void init(const int* meta, const Lens& seqlens) {
     begin_b = meta[kMetaBeginBatch];
     begin_tok = meta[kMetaBeginToken];
     end_b = meta[kMetaEndBatch];
@@ -196,8 +199,8 @@ struct WorkCursor {
     seek(seqlens, begin_b);
   }
   // Returns true when the tile just left was the last one of its piece.
-  template <int BLOCK_N>
-  __device__ __forceinline__ bool advance(const int* seqlens) {
+  template <int BLOCK_N, typename Lens>
+  __device__ __forceinline__ bool advance(const Lens& seqlens) {
     tok += BLOCK_N;
     if (tok < stop) return false;
     seek(seqlens, bi + 1);

@@ -132,7 +132,8 @@ struct WsTileInfo {
 struct WsCursor {
   int bi, tok, stop, L;
   __device__ __forceinline__ bool valid() const { return tok < stop; }
-  __device__ __forceinline__ void seek(const int* meta, const int* seqlens, int b) {
+  template <typename Lens>
+  __device__ __forceinline__ void seek(const int* meta, const Lens& seqlens, int b) {
     const int begin_b = meta[kMetaBeginBatch], end_b = meta[kMetaEndBatch];
     for (bi = b; bi <= end_b; ++bi) {
       L = max(seqlens[bi], 0);
@@ -147,12 +148,21 @@ struct WsCursor {
   }
 };
 
+// Sparse: every row of the batch has topk tokens (seqlens of the walks).
+struct WsFixedLengths {
+  int L;
+  __device__ __forceinline__ int operator[](int) const { return L; }
+};
+
 // Named barriers (0 is __syncthreads'): WG0's 128 threads; the two P V warpgroups (256 threads).
 constexpr int kBarWG0 = 1;
 constexpr int kBarPV = 2;
 // Named barrier of WG0 and the producer's warp (160 threads): the CTA's first Q is loaded.
 constexpr int kBarFirstQ = 3;
 constexpr int kFirstQThreads = 128 + 32;
+// Sparse: WG0 and every gathering thread of the P V warpgroups.
+template <typename Cfg>
+constexpr int ws_first_q_threads() { return Cfg::kSparse ? 128 + Cfg::kGatherThreads : kFirstQThreads; }
 // e4m3: P V warpgroup 1 / 2's V^T of a tile is written (barriers 4 and 5, 128 threads each).
 constexpr int kBarVt = 4;
 // KV_FP8: the P V warpgroups (256 threads) meet before de-quantizing a tile into a stage.
@@ -332,7 +342,7 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
           int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int CLUSTER_M_ = 1,
-          bool KV_FP8_ = false, int S_FIRST_GROUP_K_ = 18>
+          bool KV_FP8_ = false, int SPARSE_KV_ = 0, int S_FIRST_GROUP_K_ = 18>
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_>;
   using Element = Element_;
@@ -374,6 +384,18 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // Every warpgroup's count after its role (the fused combine's step 2): equal, and at most 168.
   static constexpr int kRegsAfter = kRegsPV < kLaunchRegs ? kRegsPV : kLaunchRegs;
   static_assert(kRegsS + 2 * kRegsPV <= 3 * kLaunchRegs && kRegsS % 8 == 0 && kRegsPV % 8 == 0, "setmaxnreg");
+
+  // Sparse (DSA) attention over bf16 rows gathered by index (SPARSE_KV 2, splitkv_sm80.cuh's
+  // SparseKV numbering; FP8 records are not served here yet): see the header's "Sparse".
+  static constexpr bool kSparse = SPARSE_KV_ != 0;
+  static_assert(SPARSE_KV_ == 0 || SPARSE_KV_ == 2, "SPARSE_KV: 0 (dense paged) or 2 (gathered bf16 rows)");
+  static_assert(!kSparse || (cute::is_same_v<Element, cutlass::bfloat16_t> && !KV_FP8_ && !FUSED_COMBINE_ &&
+                             CLUSTER_M_ == 1 && PAGE_SIZE_ == 64),
+                "sparse: bf16, the combine kernel, no cluster, no pages (PAGE_SIZE 64 stands in)");
+  // Sparse: the P V warpgroups' 256 threads gather each tile (cp.async, 4 threads a token).
+  static constexpr int kGatherThreads = 256;
+  static constexpr int kGatherChunks = HEAD_DIM * 2 / 16 / 4;  // 16-byte chunks per thread and tile
+  static_assert(!kSparse || HEAD_DIM * 2 % 64 == 0, "whole chunks per gathering thread");
 
   static_assert(HEAD_DIM_V == 512, "Q[:, :DV - 16] (or all of e4m3 Q) in registers, two O halves of 256");
   static_assert(HEAD_DIM == HEAD_DIM_V || HEAD_DIM == HEAD_DIM_V + 64, "rope part: none or 64 columns");
@@ -423,8 +445,9 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     // gets after a piece's last tile: 1/l times the cache's descale.
     float row_scale[NUM_STAGES][kFp8 ? 2 * BLOCK_M : BLOCK_M];
     // e4m3: tokens of the tile in stage s that are < L (set by the producer with the TMA): the P V
-    // warpgroups zero the others' V while transposing.
-    int tile_valid[kDescaled ? NUM_STAGES : 1];
+    // warpgroups zero the others' V while transposing. Sparse: the tile's valid flags, a bit per
+    // token (words 2 s and 2 s + 1; byte w written by gathering warp w), which mask S.
+    int tile_valid[kSparse ? 2 * NUM_STAGES : kDescaled ? NUM_STAGES : 1];
     detail::WsTileInfo info[NUM_STAGES];
     // TMA producer state, touched by thread 128 only: in smem so that it costs no registers in the
     // (register-bound) P V warpgroup.
@@ -433,7 +456,7 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     // Fused combine: batches whose splits this CTA merges after its main loop (thread 128 appends).
     int pending[2][3];  // (batch, first split slot, split count) to merge after the main loop
     int num_pending;
-    alignas(8) uint64_t full[NUM_STAGES];     // TMA landed (tx-count barrier)
+    alignas(8) uint64_t full[NUM_STAGES];     // TMA landed (tx-count barrier); sparse: the gather did
     uint64_t p_full[NUM_STAGES];               // WG0 wrote P / row_scale / info (4 warp arrivals)
     uint64_t pv_done[NUM_STAGES];              // WG1 + WG2 of every cluster CTA finished P V (8 x CLUSTER_M)
     uint64_t kv_ready[kKvFp8 ? NUM_STAGES : 1];  // KV_FP8: the stage is de-quantized (8 P V warps)
@@ -458,8 +481,8 @@ __device__ __forceinline__ const int* ws_meta(const DecodeParams& p) {
 // are still in L2 when they are merged (H200: +3-4% on 32/1/4096/*). Otherwise the other row
 // tiles' CTAs read the same KV through L2: normal priority (evict_first cost 1-4% on the
 // h_q = 128 rows before clusters).
-template <typename Cfg>
-__device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, const int* seqlens, const TmaDescriptor* tmap,
+template <typename Cfg, typename Lens>
+__device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, const Lens& seqlens, const TmaDescriptor* tmap,
                                               typename Cfg::SharedStorage& ss) {
   using Element = typename Cfg::Element;
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
@@ -523,8 +546,8 @@ __device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, const int* 
 
 // The producer's start (thread 128): its walk, and tile 0 at once. Tiles 1 .. NUM_STAGES - 1 wait
 // for WG0's first Q (ws_pv_warpgroup).
-template <typename Cfg>
-__device__ __forceinline__ void ws_producer_start(const DecodeParams& p, const int* seqlens, const TmaDescriptor* tmap,
+template <typename Cfg, typename Lens>
+__device__ __forceinline__ void ws_producer_start(const DecodeParams& p, const Lens& seqlens, const TmaDescriptor* tmap,
                                                   typename Cfg::SharedStorage& ss) {
   const int* meta = ws_meta(p);
   const int b0 = meta[kMetaBeginBatch], t0 = meta[kMetaBeginToken];
@@ -579,8 +602,8 @@ struct WsSoftmaxState {
 };
 
 // WG0's walk to its first piece, with Q of the first batch prefetched into L2 meanwhile.
-template <typename Cfg>
-__device__ __forceinline__ void ws_seek_first_piece(const DecodeParams& p, const int* seqlens,
+template <typename Cfg, typename Lens>
+__device__ __forceinline__ void ws_seek_first_piece(const DecodeParams& p, const Lens& seqlens,
                                                     WsSoftmaxState<Cfg>& st) {
   using Element = typename Cfg::Element;
   constexpr int BM = Cfg::BLOCK_M, D = Cfg::HEAD_DIM;
@@ -715,7 +738,7 @@ __device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::S
   cp_async_wait_all();
   fence_proxy_async_shared();
   named_barrier_sync(kBarWG0, 128);
-  if (first) named_barrier_arrive(kBarFirstQ, kFirstQThreads);  // the producer may start the KV TMAs
+  if (first) named_barrier_arrive(kBarFirstQ, ws_first_q_threads<Cfg>());  // the producer may start the KV TMAs
   if (first && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceFirstQ);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -739,8 +762,11 @@ __device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSo
   Element* kv = ss.kv[stage];
   // KV_FP8: the P V warpgroups de-quantized the tile (tail rows zeroed there).
   mbarrier_wait(Cfg::kKvFp8 ? &ss.kv_ready[stage] : &ss.full[stage], (n / NS) & 1);
+  // Sparse: the gather's cp.async bytes (generic proxy) are read by wgmma (async proxy).
+  if constexpr (Cfg::kSparse) fence_proxy_async_shared();
   if (n == 0 && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceTile0);
-  if (!Cfg::kKvFp8 && st.cur.tok + BN > st.cur.L) {
+  // (Sparse rows are topk long, a multiple of BN: no tail.)
+  if (!Cfg::kKvFp8 && !Cfg::kSparse && st.cur.tok + BN > st.cur.L) {
     // Tail tile: rows >= L were not loaded (other pages) or hold data past the sequence
     // end (possibly NaN). Zero them (all columns: WG1/WG2 read the V part) so that neither
     // S nor P V can pick up NaN.
@@ -812,7 +838,7 @@ __device__ __forceinline__ void ws_wait_s(typename Cfg::SharedStorage& ss, WsSof
 // max and sum move, sc gets the O rescale of the tile for the thread's two rows.
 template <typename Cfg>
 __device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState<Cfg>& st, int row0, int col_lane,
-                                           float (&sc)[2], float scale_log2) {
+                                           float (&sc)[2], float scale_log2, const int* valid_words) {
   constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N;
   const int m_block = blockIdx.z;
   WsCursor& cur = st.cur;
@@ -826,15 +852,27 @@ __device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState
     // A select, so NaN never survives.
     mask_invisible(st.tSrS, cur.tok, col_lane, lim);
   }
+  // Sparse: tokens whose index was invalid (zero rows) or past the row's topk_length.
+  if constexpr (Cfg::kSparse) {
+    const unsigned lo = valid_words[0], hi = valid_words[1];
+    if ((lo & hi) != 0xffffffffu) {
+#pragma unroll
+      for (int i = 0; i < cute::size(st.tSrS); ++i) {
+        const int c = (i / 4) * 8 + col_lane + (i & 1);  // (i / 4 < 4: c < 32)
+        if (!(((i / 4 < 4 ? lo : hi) >> (c & 31)) & 1u)) st.tSrS(i) = -kInf;
+      }
+    }
+  }
   // ---- online softmax (log2 domain) ----
   // Lazy rescaling: m_run moves only by more than kLazyRescaleLog2, so the O scale is exactly
   // 1 for almost every tile and the P V warpgroups skip the rescale (their multiplies
-  // competed with this softmax for issue slots).
+  // competed with this softmax for issue slots). Sparse: m_run is the exact max (max_logits).
+  constexpr float kLazy = Cfg::kSparse ? 0.f : kLazyRescaleLog2;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float mx = row_max(st.tSrS, h) * scale_log2;
     // -inf + 8 is -inf: a row's first visible key always moves it; an all-masked tile never.
-    const bool move = mx > st.m_run[h] + kLazyRescaleLog2;
+    const bool move = mx > st.m_run[h] + kLazy;
     const float m_new = move ? mx : st.m_run[h];
     const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
     sc[h] = move ? ex2_approx(st.m_run[h] - m_use) : 1.f;
@@ -848,8 +886,12 @@ __device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState
 // keys); P and the O rescale of this tile are scaled by 1/l, so O comes out normalized. e4m3: P
 // stays as it is and fin gets 1/l times v_scale (the cache's descale), which O gets after P V.
 template <typename Cfg>
-__device__ __forceinline__ void ws_finish_rows(WsSoftmaxState<Cfg>& st, float (&sc)[2], float (&lse2)[2],
-                                               float (&fin)[2], float v_scale) {
+__device__ __forceinline__ void ws_finish_rows(const DecodeParams& p, WsSoftmaxState<Cfg>& st, int row0, float (&sc)[2],
+                                               float (&lse2)[2], float (&fin)[2], float v_scale) {
+  // Sparse, a piece that is its batch's only split: out is final, the attention sink applies here
+  // (else the combine kernel applies it).
+  bool single = false;
+  if constexpr (Cfg::kSparse) single = p.num_splits[st.cur.bi + 1] - p.num_splits[st.cur.bi] == 1;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = st.l_run[h];
@@ -861,7 +903,11 @@ __device__ __forceinline__ void ws_finish_rows(WsSoftmaxState<Cfg>& st, float (&
       fin[h] = inv_l * v_scale;
     } else {
       // In place (no second copy of P in registers: WG0 has none to spare). KV_FP8: V's descale too.
-      const float f = Cfg::kKvFp8 ? inv_l * v_scale : inv_l;
+      float f = Cfg::kKvFp8 ? inv_l * v_scale : inv_l;
+      if constexpr (Cfg::kSparse) {
+        const int r = blockIdx.z * Cfg::BLOCK_M + row0 + 8 * h;
+        if (single && r < p.rows) f *= sink_factor(p, query_row(p, blockIdx.y, r).head, lse2[h]);
+      }
       sc[h] *= f;
       scale_row(st.tSrS, h, f);
     }
@@ -915,7 +961,10 @@ __device__ __forceinline__ void ws_store_lse(const DecodeParams& p, WsSoftmaxSta
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = m_block * BM + row0 + 8 * h;
-    if (r < p.rows) store_piece_lse(p, dest, st.cur.bi, g, r, lse2[h]);
+    if (r < p.rows) {
+      store_piece_lse<Cfg::kSparse>(p, dest, st.cur.bi, g, r, lse2[h]);
+      if constexpr (Cfg::kSparse) store_max_logit(p, dest, st.cur.bi, g, r, st.m_run[h]);
+    }
   }
   // Fused combine: the CTA that completes the batch's count (after this tile's P V) reads
   // every split's lse_accum; fenced before P is published.
@@ -932,8 +981,8 @@ __device__ __forceinline__ void ws_publish_p(typename Cfg::SharedStorage& ss, in
 
 // WG0's role: per tile, S = Q K^T, mask and online softmax, P into the stage's slots; the walk
 // over the CTA's pieces and the lse of each finished one.
-template <typename Cfg>
-__device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, const int* seqlens,
+template <typename Cfg, typename Lens>
+__device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, const Lens& seqlens,
                                                      typename Cfg::SharedStorage& ss) {
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
   setmaxnreg_move<Cfg::kLaunchRegs, Cfg::kRegsS>();
@@ -941,7 +990,7 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, cons
   WsSoftmaxState<Cfg> st;
   ws_seek_first_piece<Cfg>(p, seqlens, st);
 
-  if (!st.cur.valid()) named_barrier_arrive(kBarFirstQ, kFirstQThreads);  // no work: free the producer
+  if (!st.cur.valid()) named_barrier_arrive(kBarFirstQ, ws_first_q_threads<Cfg>());  // no work: free the producer
   // e4m3: the per-tensor descales of q and the cache, read on the GPU (capturable calls): S's
   // scale takes both, O the cache's (V's) after each piece.
   // KV_FP8: descale_q is 1 (16-bit q).
@@ -966,10 +1015,11 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, cons
 
     ws_wait_s<Cfg>(ss, st, tw, unpublished);
     float sc[2];  // O rescale of this tile
-    ws_softmax<Cfg>(p, st, row0, col_lane, sc, Cfg::kDescaled ? fp8_scale_log2 : p.scale_log2);
+    ws_softmax<Cfg>(p, st, row0, col_lane, sc, Cfg::kDescaled ? fp8_scale_log2 : p.scale_log2,
+                    ss.tile_valid + (Cfg::kSparse ? 2 * stage : 0));
     const bool last = st.cur.tok + BN >= st.cur.stop;
     float lse2[2] = {-kInf, -kInf}, fin[2];
-    if (last) ws_finish_rows<Cfg>(st, sc, lse2, fin, fp8_v_scale);
+    if (last) ws_finish_rows<Cfg>(p, st, row0, sc, lse2, fin, fp8_v_scale);
     ws_store_p<Cfg>(ss, st, tw, row0, stage, sc, fin, last);
 
     if constexpr (Cfg::kFusedCombine) {
@@ -999,9 +1049,71 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, cons
 
 // =============== WG1 / WG2: O[:, half] += P V[:, half]; thread 128: TMA producer ===============
 
-// Tiles of this CTA (WG0 owns the walk; the P V warpgroups only need the count).
+// ==================== Sparse: the P V warpgroups gather the tiles (no TMA) ====================
+
+// Row bi and first token tok of tile m of the CTA's walk. Every row of a sparse kernel has topk
+// tokens, ceil(topk / 64) tiles, and the scheduler cuts at tile boundaries: the walk is one
+// contiguous run of the flattened (row, tile) order.
+struct WsSparseTile {
+  int bi, tok;
+};
+__device__ __forceinline__ WsSparseTile ws_sparse_tile(const DecodeParams& p, int m) {
+  const int* meta = ws_meta(p);
+  const int tiles_per_row = (p.topk + 63) / 64;
+  const int t = meta[kMetaBeginToken] / 64 + m;
+  const int q = t / tiles_per_row;
+  return {meta[kMetaBeginBatch] + q, (t - q * tiles_per_row) * 64};
+}
+
+// The index of gathering thread t's token (t / 4) in tile m (-1 past topk: not loaded) and its
+// row's token limit (topk_length, at most topk): loaded a tile ahead of the gather, so that their
+// round trip overlaps a tile's work.
+struct WsGatherIndex {
+  int idx, lim;
+};
 template <typename Cfg>
-__device__ __forceinline__ int ws_count_tiles(const DecodeParams& p, const int* seqlens) {
+__device__ __forceinline__ void ws_load_index(const DecodeParams& p, int m, int num_tiles, int t, WsGatherIndex& gi) {
+  if (m >= num_tiles) return;
+  const WsSparseTile tile = ws_sparse_tile(p, m);
+  const int tok = tile.tok + t / 4;
+  gi.idx = tok < p.topk ? __ldg(p.block_table + (long long)tile.bi * p.block_table_stride + tok) : -1;
+  gi.lim = p.topk_length != nullptr ? min(__ldg(p.topk_length + tile.bi / p.lse_fold), p.topk) : p.topk;
+}
+
+// Tile m's tokens into stage m % NS by the 256 gathering threads (4 a token, kGatherChunks
+// 16-byte chunks each, in the TMA's SW128 layout: chunk c of a row is unit c % 8 of 64-column slab
+// c / 8). An invalid token (index -1 or past the rows, or past topk_length) is zero-filled, never
+// read, and its valid bit is 0. Each thread's cp.asyncs arrive on full[s] when they land; lane 0
+// of each warp writes its 8 tokens' valid bits and arrives after them (full: 256 + 8 arrivals).
+template <typename Cfg>
+__device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void* kv_rows,
+                                               typename Cfg::SharedStorage& ss, int m, int t, const WsGatherIndex& gi) {
+  constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
+  const int s = m % NS;
+  const int r = t / 4, q = t % 4;
+  const bool ok = gi.idx >= 0 && gi.idx < p.kv_tokens && ws_sparse_tile(p, m).tok + r < gi.lim;
+  const char* src = reinterpret_cast<const char*>(kv_rows) + (ok ? (long long)gi.idx * p.kv_block_stride : 0);
+  const uint32_t dst = smem_addr(ss.kv[s]) + r * 128;
+#pragma unroll
+  for (int j = 0; j < Cfg::kGatherChunks; ++j) {
+    const int c = q + 4 * j;
+    cp_async_16(dst + (c / 8) * (BN * 128) + (((c % 8) ^ (r % 8)) << 4), src + c * 16, ok);
+  }
+  cp_async_mbarrier_arrive_noinc(&ss.full[s]);
+  // Lane 4 i holds token 8 w + i's flag (its quad agrees): bits 0, 4, .., 28 into one byte.
+  unsigned bits = __ballot_sync(0xffffffffu, ok) & 0x11111111u;
+  bits = (bits | (bits >> 3)) & 0x03030303u;
+  bits = (bits | (bits >> 6)) & 0x000f000fu;
+  bits = (bits | (bits >> 12)) & 0xffu;
+  if (t % 32 == 0) {
+    reinterpret_cast<unsigned char*>(ss.tile_valid + 2 * s)[t / 32] = (unsigned char)bits;
+    mbarrier_arrive(&ss.full[s]);
+  }
+}
+
+// Tiles of this CTA (WG0 owns the walk; the P V warpgroups only need the count).
+template <typename Cfg, typename Lens>
+__device__ __forceinline__ int ws_count_tiles(const DecodeParams& p, const Lens& seqlens) {
   constexpr int BN = Cfg::BLOCK_N;
   int num_tiles = 0;
   WorkCursor c;
@@ -1054,6 +1166,7 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
     // Complete already (WG0 waited it): TMA bytes visible. KV_FP8: not waited (ws_dequant_tile did;
     // the slot may already hold tile n + NS, its barrier a phase further on, the parity back).
     if constexpr (!Cfg::kKvFp8) mbarrier_wait(&ss.full[stage], phase);
+    if constexpr (Cfg::kSparse) fence_proxy_async_shared();  // cp.async bytes, read by wgmma
   }
   const float sc0 = ss.row_scale[stage][row0], sc1 = ss.row_scale[stage][row0 + 8];
   // Lazy rescaling makes the scale exactly 1 on most tiles; a piece's first tile overwrites O.
@@ -1081,8 +1194,9 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
       for (int i = 0; i < cute::size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
     }
   }
-  // KV_FP8: the TMA refills the landing slot, which ws_dequant_tile releases.
-  if constexpr (!Cfg::kKvFp8) ws_release_stage<Cfg>(ss, stage, lane);
+  // KV_FP8: the TMA refills the landing slot, which ws_dequant_tile releases. Sparse: the P V
+  // warpgroups refill the stage themselves after a named barrier.
+  if constexpr (!Cfg::kKvFp8 && !Cfg::kSparse) ws_release_stage<Cfg>(ss, stage, lane);
   return info;
 }
 
@@ -1139,9 +1253,9 @@ __device__ __forceinline__ void ws_dequant_tile(typename Cfg::SharedStorage& ss,
   if (t % 32 == 0) mbarrier_arrive(&ss.kv_ready[s]);
 }
 
-template <typename Cfg>
-__device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const int* seqlens, const TmaDescriptor* tmap,
-                                                typename Cfg::SharedStorage& ss, int wg, int tid) {
+template <typename Cfg, typename Lens>
+__device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const Lens& seqlens, const TmaDescriptor* tmap,
+                                                const void* kv_rows, typename Cfg::SharedStorage& ss, int wg, int tid) {
   using namespace cute;
   constexpr int BM = Cfg::BLOCK_M, DV = Cfg::HEAD_DIM_V, NS = Cfg::NUM_STAGES;
   // setmaxnreg first: WG0's setmaxnreg.inc waits for these registers, and with it the CTA's
@@ -1156,18 +1270,34 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const int
   // together, the KV tiles of every CTA (~29 MB) were queued ahead of the small Q loads, which
   // then landed ~10 us after the CTA started (clock trace, 32/1/4096/16 on the H200).
   const bool producer_warp = tid / 32 == 4;
-  if (is_producer) ws_producer_start<Cfg>(p, seqlens, tmap, ss);
-  __syncwarp();
+  if constexpr (!Cfg::kSparse) {
+    if (is_producer) ws_producer_start<Cfg>(p, seqlens, tmap, ss);
+    __syncwarp();
+  }
 
   // Counted before O's registers are live.
   const int num_tiles = ws_count_tiles<Cfg>(p, seqlens);
+
+  // Sparse: the gathering threads' next index (tile 0's gathered at once, 1 .. NS - 1 once WG0 has
+  // its first Q, as the TMA producer does).
+  WsGatherIndex gi{-1, 0};
+  if constexpr (Cfg::kSparse) {
+    ws_load_index<Cfg>(p, 0, num_tiles, tid - 128, gi);
+    if (num_tiles > 0) ws_gather_tile<Cfg>(p, kv_rows, ss, 0, tid - 128, gi);
+    ws_load_index<Cfg>(p, 1, num_tiles, tid - 128, gi);
+    named_barrier_sync(kBarFirstQ, ws_first_q_threads<Cfg>());
+    for (int m = 1; m < NS && m < num_tiles; ++m) {
+      ws_gather_tile<Cfg>(p, kv_rows, ss, m, tid - 128, gi);
+      ws_load_index<Cfg>(p, m + 1, num_tiles, tid - 128, gi);
+    }
+  }
 
   if constexpr (Cfg::kFusedCombine) {
     // No combine kernel: batches without keys get out = 0 / lse = +inf here (WG2 has time for
     // it while WG0 computes the first S).
     if (half == 1) ws_write_empty_batches<Cfg>(p, tid_wg, blockIdx.y, blockIdx.z);
   }
-  if (producer_warp) {
+  if (!Cfg::kSparse && producer_warp) {
     named_barrier_sync(kBarFirstQ, kFirstQThreads);
     if (is_producer) {
       MLA_JIT_TRACE_VALUE(mla_jit_trace_splitkv, kTraceTiles, num_tiles);
@@ -1204,6 +1334,14 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const int
         ws_dequant_tile<Cfg>(ss, n + 1);
         if (is_producer && ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
       }
+    } else if constexpr (Cfg::kSparse) {
+      // Both P V warpgroups are past P V(n - 1) (named barrier): its stage takes tile n - 1 + NS.
+      if (n > 0 && n - 1 + NS < num_tiles) {
+        named_barrier_sync(kBarDequant, 256);
+        const int t = ws_opaque(tid) - 128;
+        ws_gather_tile<Cfg>(p, kv_rows, ss, n - 1 + NS, t, gi);
+        ws_load_index<Cfg>(p, n + NS, num_tiles, t, gi);
+      }
     } else {
       if (is_producer && n > 0 && ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
     }
@@ -1227,8 +1365,10 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const int
 
 }  // namespace detail
 
+// kv_rows (sparse): the gathered rows' base (tmap unused); dense: tmap, the cache's TMA descriptor.
 template <typename Cfg>
-__device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const TmaDescriptor* tmap) {
+__device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const TmaDescriptor* tmap,
+                                                    const void* kv_rows = nullptr) {
   using SS = typename Cfg::SharedStorage;
   constexpr int NS = Cfg::NUM_STAGES;
 
@@ -1242,7 +1382,8 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceEntry);
     MLA_JIT_TRACE_VALUE(mla_jit_trace_splitkv, kTraceSmId, trace_smid());
     for (int s = 0; s < NS; ++s) {
-      mbarrier_init(&ss.full[s], 1);
+      // Sparse: each gathering thread's cp.async arrival and one per gathering warp (valid flags).
+      mbarrier_init(&ss.full[s], Cfg::kSparse ? Cfg::kGatherThreads + Cfg::kGatherThreads / 32 : 1);
       mbarrier_init(&ss.p_full[s], 4);
       mbarrier_init(&ss.pv_done[s], 8 * Cfg::CLUSTER_M);
       if constexpr (Cfg::kKvFp8) mbarrier_init(&ss.kv_ready[s], 8);
@@ -1250,7 +1391,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
     ss.num_pending = 0;
     fence_barrier_init();
   }
-  if (tid == 128) prefetch_tma_descriptor(tmap);  // the producer's
+  if (!Cfg::kSparse && tid == 128) prefetch_tma_descriptor(tmap);  // the producer's
   __syncthreads();
   // Every CTA's barriers are initialized before any peer multicasts into it or arrives on them.
   if constexpr (Cfg::CLUSTER_M > 1) cluster_sync();
@@ -1258,11 +1399,18 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
   // No-op unless launched as a programmatic dependent of the metadata kernel.
   pdl_wait_primary();
 
-  const int* seqlens = p.cache_seqlens;
-  if (wg == 0) {
-    detail::ws_softmax_warpgroup<Cfg>(p, seqlens, ss);
+  // Sequence lengths: the cache's, or (sparse) topk for every row.
+  auto roles = [&](const auto& seqlens) {
+    if (wg == 0) {
+      detail::ws_softmax_warpgroup<Cfg>(p, seqlens, ss);
+    } else {
+      detail::ws_pv_warpgroup<Cfg>(p, seqlens, tmap, kv_rows, ss, wg, tid);
+    }
+  };
+  if constexpr (Cfg::kSparse) {
+    roles(detail::WsFixedLengths{p.topk});
   } else {
-    detail::ws_pv_warpgroup<Cfg>(p, seqlens, tmap, ss, wg, tid);
+    roles(p.cache_seqlens);
   }
   if constexpr (Cfg::kFusedCombine) {
     // Step 2 of the fused combine: all 12 warps merge the batches this CTA completed. The KV
