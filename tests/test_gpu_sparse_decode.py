@@ -62,7 +62,10 @@ def _grid() -> list[SparseCase]:
               SparseCase(4, 2, 64, 64, page=16, invalid=0.5), SparseCase(3, 1, 16, 320, page=256),
               SparseCase(5, 2, 16, 128, topk_length=True, zero_lengths=True, sink=True),
               SparseCase(2, 1, 16, 256, invalid=1.0), SparseCase(2, 2, 64, 512, pow2_scales=False),
-              SparseCase(64, 2, 128, 2048, s_k=8192), SparseCase(128, 1, 16, 2048, s_k=32768, sink=True)]
+              SparseCase(64, 2, 128, 2048, s_k=8192), SparseCase(128, 1, 16, 2048, s_k=32768, sink=True),
+              # the wgmma kernel (sm_90a, more than 16 heads): empty rows, long topk, page 256
+              SparseCase(5, 2, 64, 128, topk_length=True, zero_lengths=True, sink=True),
+              SparseCase(2, 1, 100, 8192, s_k=32768, page=256, topk_length=True, sink=True)]
     return cases
 
 

@@ -32,12 +32,9 @@ def test_bf16_rows_tiles_grow_with_the_heads(arch, h_q, tiles):
     """Above 16 heads a gathered row feeds 32 or 64 heads' MMAs (the dense family's Q-in-smem tiles)."""
     cfg = sparse_config(BF16_ROWS, 576, 64, parse_arch(arch), h_q)
     assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.num_warps) == tiles and cfg.smem_bytes <= cfg.smem_limit
-    # FP8 records: 64 x 16 tiles above 32 heads where 4 stages of them and their landing slots fit
-    # (sm_90a), else the 16-row kernel
+    # FP8 records on the mma.sync kernel: the 16-row tiles (above 32 heads on sm_90a: the wgmma kernel)
     fp8 = sparse_config(FP8_RECORDS, 576, 64, parse_arch(arch), h_q)
-    want = (64, 16, 4, 8) if arch == "sm_90a" and h_q > 32 else (16, 16)
-    assert (fp8.block_m, fp8.block_n, fp8.num_stages, fp8.num_warps)[:len(want)] == want
-    assert fp8.smem_bytes <= fp8.smem_limit
+    assert (fp8.block_m, fp8.block_n) == (16, 16) and fp8.smem_bytes <= fp8.smem_limit
 
 
 @pytest.mark.parametrize("h_q", [33, 64, 100, 128])
@@ -46,11 +43,14 @@ def test_bf16_rows_above_32_heads_take_the_wgmma_kernel_on_hopper(h_q, d):
     cfg = sparse_config(BF16_ROWS, d, 64, parse_arch("sm_90a"), h_q)
     assert cfg == SparseWsConfig(d, 3) and family_of(cfg) == "mla_sparse_sm90"
     assert (cfg.block_m, cfg.num_threads, cfg.sparse_kv) == (64, 384, 2)
-    # not on the other arches, nor for FP8 records (still the mma.sync kernel)
+    # FP8 records (any page size): 2 bf16 stages and a record slot; not on the other arches
+    assert sparse_config(FP8_RECORDS, 576, 16, parse_arch("sm_90a"), h_q) == SparseWsConfig(576, 2, FP8_RECORDS, 16)
     assert family_of(sparse_config(BF16_ROWS, d, 64, parse_arch("sm_80"), h_q)) == "mla_sparse_decode"
-    assert family_of(sparse_config(FP8_RECORDS, 576, 64, parse_arch("sm_90a"), h_q)) == "mla_sparse_decode"
+    assert family_of(sparse_config(FP8_RECORDS, 576, 64, parse_arch("sm_89"), h_q)) == "mla_sparse_decode"
     with pytest.raises(InvalidArgumentError, match="SparseWsConfig.head_dim"):
         SparseWsConfig(192, 3)
+    with pytest.raises(InvalidArgumentError, match="SparseWsConfig.num_stages"):
+        SparseWsConfig(576, 3, FP8_RECORDS)
 
 
 def _args(**kw):
@@ -134,7 +134,8 @@ def test_prewarm_lists_the_prefill_kernels():
     # the bf16-rows kernels of the presets' head counts (128 / 64 / 32 / 16 heads at TP 1 / 2 / 4 / 8):
     # mma.sync tiles up to 32 heads, the wgmma kernel above
     assert {c.block_m for c in configs if c.sparse == BF16_ROWS} >= {16, 32}
-    assert registry.get("mla_sparse_sm90").prewarm_configs(parse_arch("sm_90a"), v32) == [SparseWsConfig(576, 3)]
+    assert set(registry.get("mla_sparse_sm90").prewarm_configs(parse_arch("sm_90a"), v32)) == {
+        SparseWsConfig(576, 2, FP8_RECORDS, 64), SparseWsConfig(576, 3)}
     assert registry.get("mla_sparse_sm90").prewarm_configs(parse_arch("sm_90a"), []) == []
     # `mla-jit prewarm --op flash_mla_sparse_fwd` warms the scheduler kernel it launches too
     assert "flash_mla_sparse_fwd" in registry.get("mla_metadata").ops
@@ -164,3 +165,14 @@ def test_bf16_rows_wgmma_kernel_compiles_without_spills(cache_root, monkeypatch,
     assert "C75" not in binary.log, binary.log   # no wgmma serialization warnings
     sass = sass_of(binary.cubin, tmp_path)
     assert "HGMMA" in sass and "LDGSTS" in sass
+
+
+@pytest.mark.slow
+def test_fp8_records_wgmma_kernel_compiles_without_spills(cache_root, monkeypatch):
+    monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
+    arch = ArchPair(parse_arch("sm_90a"), parse_arch("sm_90a"))
+    family = registry.get("mla_sparse_sm90")
+    binary = build(family.source(SparseWsConfig(576, 2, FP8_RECORDS, 16), arch))
+    report = binary.log.split(f"Function properties for {family.SPLITKV}")[1].splitlines()[1]
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
+    assert "C75" not in binary.log, binary.log

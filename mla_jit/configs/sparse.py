@@ -13,7 +13,8 @@ import functools
 from dataclasses import dataclass
 
 from ..jit.arch import Arch
-from .decode import SPARSE_KV, Sm80DecodeConfig, _sm80_smem_bytes, sm80_resident_ctas
+from ..errors import InvalidArgumentError
+from .decode import SPARSE_KV, SUPPORTED_PAGE_SIZES, Sm80DecodeConfig, _sm80_smem_bytes, sm80_resident_ctas
 from .fields import check_fields
 
 # FlashMLA's V3.2 FP8 record of a token: 512 e4m3 values, 4 float32 scales (one per 128 values),
@@ -32,17 +33,20 @@ _ROWS_PAGE = 64
 _SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90a": 227 * 1024}
 
 
-# bf16 rows of more than this many heads on sm_90a: the warp-specialized wgmma kernel (64-row tiles).
-WS_MIN_HEADS = 33
+# At least this many heads on sm_90a: the warp-specialized wgmma kernel (64-row tiles).
+WS_MIN_HEADS = 17
 
 
 @dataclass(frozen=True)
 class SparseWsConfig:
     """The sm_90a kernel (splitkv_ws.cuh with SPARSE_KV): 64 heads x 64 gathered tokens per tile, one
-    S / softmax warpgroup and two P V warpgroups that also gather the tiles (cp.async)."""
+    S / softmax warpgroup and two P V warpgroups that also gather the tiles (cp.async). bf16 rows are
+    gathered into 3 stages; FP8 records (pages of page_size) into a record slot a tile ahead, and
+    de-quantized into 2 bf16 stages."""
     head_dim: int
     num_stages: int
     sparse: str = BF16_ROWS
+    page_size: int = _ROWS_PAGE
 
     block_m = 64
     num_threads = 384
@@ -50,7 +54,11 @@ class SparseWsConfig:
     cluster = None
 
     def __post_init__(self):
-        check_fields(self, head_dim=PREFILL_HEAD_DIMS, num_stages=(2, 3), sparse=(BF16_ROWS,))
+        check_fields(self, head_dim=PREFILL_HEAD_DIMS, num_stages=(2, 3), sparse=(BF16_ROWS, FP8_RECORDS),
+                     page_size=SUPPORTED_PAGE_SIZES)
+        if self.sparse == FP8_RECORDS and (self.head_dim, self.num_stages) != (HEAD_DIM, 2):
+            raise InvalidArgumentError("SparseWsConfig.num_stages", "head_dim 576 and 2 stages for FP8 records",
+                                       f"{self.head_dim}, {self.num_stages}")
 
     @property
     def sparse_kv(self) -> int:
@@ -78,10 +86,9 @@ def _tiles(arch: Arch, head_dim: int, kv: str, h_q: int) -> tuple[int, int, int,
 def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch,
                   h_q: int = BLOCK_M) -> Sm80DecodeConfig | SparseWsConfig:
     """The kernel over `kv` tokens (FP8_RECORDS in pages of page_size, or BF16_ROWS of head_dim) for
-    h_q query heads: the wgmma kernel for bf16 rows of more than 32 heads on sm_90a (3 stages of 72 KB
-    fit its 227 KB), else the mma.sync kernel's tiles."""
-    if kv == BF16_ROWS and arch.name == "sm_90a" and h_q >= WS_MIN_HEADS:
-        return SparseWsConfig(head_dim, 3)
+    h_q query heads: the wgmma kernel for more than 32 heads on sm_90a, else the mma.sync kernel's tiles."""
+    if arch.name == "sm_90a" and h_q >= WS_MIN_HEADS:
+        return SparseWsConfig(head_dim, 3) if kv == BF16_ROWS else SparseWsConfig(HEAD_DIM, 2, kv, page_size)
     page = page_size if kv == FP8_RECORDS else _ROWS_PAGE
     block_m, block_n, stages, warps = _tiles(arch, head_dim, kv, h_q)
     return Sm80DecodeConfig("bf16", head_dim, HEAD_DIM_V, page, block_m, block_n, stages, warps,

@@ -153,7 +153,7 @@ class MlaSparseSm90Family(KernelFamily[SparseWsConfig]):
     name = "mla_sparse_sm90"
     template = "mla_sparse_sm90.cu.j2"
     config_type = SparseWsConfig
-    ops = ("flash_mla_sparse_fwd",)
+    ops = ("flash_mla_with_kvcache", "flash_mla_sparse_fwd")
     tunings = ("sm_90a",)
     SPLITKV = "mla_jit_sparse_splitkv"
     COMBINE = "mla_jit_decode_combine"
@@ -163,7 +163,7 @@ class MlaSparseSm90Family(KernelFamily[SparseWsConfig]):
 
     def render_context(self, cfg: SparseWsConfig, arch: ArchPair) -> dict[str, Any]:
         return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "head_dim": cfg.head_dim,
-                "num_stages": cfg.num_stages, "sparse_kv": cfg.sparse_kv}
+                "num_stages": cfg.num_stages, "sparse_kv": cfg.sparse_kv, "page_size": cfg.page_size}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[SparseWsConfig]:
         return [c for c in _sparse_prewarm(arch, presets) if family_of(c) == self.name]

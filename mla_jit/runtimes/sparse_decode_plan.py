@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from ..configs.decode import COMBINE_ROWS_PER_CTA, COMBINE_THREADS, Sm80DecodeConfig, accum_rows, metadata_config
-from ..configs.sparse import FP8_RECORDS, HEAD_DIM, HEAD_DIM_V, ctas_per_sm, num_sm_parts, sparse_config
+from ..configs.sparse import (FP8_RECORDS, HEAD_DIM, HEAD_DIM_V, ctas_per_sm, family_of, num_sm_parts,
+                              SparseWsConfig, sparse_config)
 from ..jit.arch import resolve_for_device
 from ..jit.launch import PTR, Blob
 from ..jit.stream import current_stream
@@ -31,7 +32,7 @@ def reset() -> None:
     decode_plans.clear()
 
 
-def sm_parts_for(device_index: int, h_q: int, cfg: Sm80DecodeConfig | None = None) -> int:
+def sm_parts_for(device_index: int, h_q: int, cfg: Sm80DecodeConfig | SparseWsConfig | None = None) -> int:
     """Rows of the sparse schedule (SM parts) on this GPU: one wave of split-KV CTAs of `cfg` (the
     decode's kernel for h_q heads by default; its page size does not change its tiles)."""
     if cfg is None:
@@ -81,8 +82,8 @@ class SparseDecodePlan:
         num_blocks, page_size = k_cache.shape[:2]
         self.device_index = q.get_device()
         arch = resolve_for_device(self.device_index)
-        family = registry.get("mla_sparse_decode")
         cfg = sparse_config(FP8_RECORDS, HEAD_DIM, page_size, arch.tuning, h_q)
+        family = registry.get(family_of(cfg))
         smem = _kernel_smem(family, cfg, arch, self.device_index)
         self.rows = b * s_q
         self.splitkv = family.launcher(cfg, arch, family.SPLITKV, self.device_index, (Blob(DECODE_PARAMS.size), PTR),

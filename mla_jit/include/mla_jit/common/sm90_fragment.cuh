@@ -116,6 +116,15 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// 4-byte cp.async (through L1: .ca is the only form below 16 bytes); valid = false writes zeros.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
 // An arrival on bar once every cp.async this thread issued so far has landed; counts as one of the
 // barrier's expected arrivals (.noinc).
 __device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
@@ -173,6 +182,15 @@ __device__ __forceinline__ uint32_t e4m3x2_to_16bit(uint32_t v) {
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(scaled), "r"(0x77807780u), "r"(0x80008000u));
     return r;
   }
+}
+
+// The two e4m3 of v's low 16 bits (the low byte first) as float32, exactly (sm_89 and later).
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t v) {
+  uint32_t h;
+  asm("{\n.reg .b16 lo;\ncvt.u16.u32 lo, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(h) : "r"(v));
+  float2 f;
+  asm("{\n.reg .f16 a, b;\nmov.b32 {a, b}, %2;\ncvt.f32.f16 %0, a;\ncvt.f32.f16 %1, b;\n}" : "=f"(f.x), "=f"(f.y) : "r"(h));
+  return f;
 }
 
 __device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v) {

@@ -385,13 +385,23 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   static constexpr int kRegsAfter = kRegsPV < kLaunchRegs ? kRegsPV : kLaunchRegs;
   static_assert(kRegsS + 2 * kRegsPV <= 3 * kLaunchRegs && kRegsS % 8 == 0 && kRegsPV % 8 == 0, "setmaxnreg");
 
-  // Sparse (DSA) attention over bf16 rows gathered by index (SPARSE_KV 2, splitkv_sm80.cuh's
-  // SparseKV numbering; FP8 records are not served here yet): see the header's "Sparse".
+  // Sparse (DSA) attention over tokens gathered by index (splitkv_sm80.cuh's SparseKV numbering):
+  // FlashMLA's FP8 records (1: in pages of PAGE_SIZE, de-quantized by the P V warpgroups) or bf16
+  // rows (2: gathered straight into the stage). See the header's "Sparse".
   static constexpr bool kSparse = SPARSE_KV_ != 0;
-  static_assert(SPARSE_KV_ == 0 || SPARSE_KV_ == 2, "SPARSE_KV: 0 (dense paged) or 2 (gathered bf16 rows)");
+  static constexpr bool kSparseFp8 = SPARSE_KV_ == 1;
+  static_assert(SPARSE_KV_ >= 0 && SPARSE_KV_ <= 2, "SPARSE_KV: 0 (dense paged), 1 (FP8 records), 2 (bf16 rows)");
   static_assert(!kSparse || (cute::is_same_v<Element, cutlass::bfloat16_t> && !KV_FP8_ && !FUSED_COMBINE_ &&
-                             CLUSTER_M_ == 1 && PAGE_SIZE_ == 64),
-                "sparse: bf16, the combine kernel, no cluster, no pages (PAGE_SIZE 64 stands in)");
+                             CLUSTER_M_ == 1 && (kSparseFp8 || PAGE_SIZE_ == 64)),
+                "sparse: bf16, the combine kernel, no cluster; bf16 rows have no pages (PAGE_SIZE 64 stands in)");
+  static_assert(!kSparseFp8 || (HEAD_DIM_ == 576 && NUM_STAGES_ == 2), "FP8 records: d 576, 2 stages and a landing slot");
+  // The P V warpgroups de-quantize each tile into its 16-bit stage and announce it on kv_ready.
+  static constexpr bool kDequantInPv = kKvFp8 || kSparseFp8;
+  // FlashMLA's V3.2 FP8 record of a token: 512 e4m3, 4 float32 scales (one per 128 values), 64 bf16.
+  static constexpr int kRecordBytes = 656;
+  // Sparse: slots of the per-token valid bits, by tile (tile m's in slot m % kFlagSlots). Records
+  // are gathered two tiles ahead of their stage's reuse, so 4 slots; bf16 rows a slot per stage.
+  static constexpr int kFlagSlots = kSparseFp8 ? 4 : NUM_STAGES_;
   // Sparse: the P V warpgroups' 256 threads gather each tile (cp.async, 4 threads a token).
   static constexpr int kGatherThreads = 256;
   static constexpr int kGatherChunks = HEAD_DIM * 2 / 16 / 4;  // 16-byte chunks per thread and tile
@@ -432,7 +442,12 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     alignas(1024) unsigned char landing[NUM_STAGES][Tiles::kTileBytes];
   };
   struct NoLandingSlots {};
-  struct SharedStorage : cute::conditional_t<kKvFp8, LandingSlots, NoLandingSlots> {
+  // FP8 records: one tile of records (41 KB), gathered a tile ahead of its de-quantization.
+  struct RecordSlot {
+    alignas(1024) unsigned char records[BLOCK_N * kRecordBytes];
+  };
+  struct SharedStorage
+      : cute::conditional_t<kKvFp8, LandingSlots, cute::conditional_t<kSparseFp8, RecordSlot, NoLandingSlots>> {
     alignas(1024) Element kv[NUM_STAGES][BLOCK_N * HEAD_DIM];
     alignas(1024) Element aux[kAuxElems];
     alignas(256) Element q16[kFp8 ? 16 : BLOCK_M * 16];  // Q[:, kQRegCols:DV] (16-bit)
@@ -447,7 +462,7 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     // e4m3: tokens of the tile in stage s that are < L (set by the producer with the TMA): the P V
     // warpgroups zero the others' V while transposing. Sparse: the tile's valid flags, a bit per
     // token (words 2 s and 2 s + 1; byte w written by gathering warp w), which mask S.
-    int tile_valid[kSparse ? 2 * NUM_STAGES : kDescaled ? NUM_STAGES : 1];
+    int tile_valid[kSparse ? 2 * kFlagSlots : kDescaled ? NUM_STAGES : 1];
     detail::WsTileInfo info[NUM_STAGES];
     // TMA producer state, touched by thread 128 only: in smem so that it costs no registers in the
     // (register-bound) P V warpgroup.
@@ -459,7 +474,7 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     alignas(8) uint64_t full[NUM_STAGES];     // TMA landed (tx-count barrier); sparse: the gather did
     uint64_t p_full[NUM_STAGES];               // WG0 wrote P / row_scale / info (4 warp arrivals)
     uint64_t pv_done[NUM_STAGES];              // WG1 + WG2 of every cluster CTA finished P V (8 x CLUSTER_M)
-    uint64_t kv_ready[kKvFp8 ? NUM_STAGES : 1];  // KV_FP8: the stage is de-quantized (8 P V warps)
+    uint64_t kv_ready[kDequantInPv ? NUM_STAGES : 1];  // the stage is de-quantized (8 P V warps)
   };
   // At d = 576 with 3 stages the +1024 alignment slack does not fit (see Sm90SmemSize).
   static constexpr int kSmemBytes = Sm90SmemSize<SharedStorage>::kBytes;
@@ -761,9 +776,9 @@ __device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSo
   const int stage = n % NS;
   Element* kv = ss.kv[stage];
   // KV_FP8: the P V warpgroups de-quantized the tile (tail rows zeroed there).
-  mbarrier_wait(Cfg::kKvFp8 ? &ss.kv_ready[stage] : &ss.full[stage], (n / NS) & 1);
-  // Sparse: the gather's cp.async bytes (generic proxy) are read by wgmma (async proxy).
-  if constexpr (Cfg::kSparse) fence_proxy_async_shared();
+  mbarrier_wait(Cfg::kDequantInPv ? &ss.kv_ready[stage] : &ss.full[stage], (n / NS) & 1);
+  // bf16 rows: the gather's cp.async bytes (generic proxy) are read by wgmma (async proxy).
+  if constexpr (Cfg::kSparse && !Cfg::kSparseFp8) fence_proxy_async_shared();
   if (n == 0 && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceTile0);
   // (Sparse rows are topk long, a multiple of BN: no tail.)
   if (!Cfg::kKvFp8 && !Cfg::kSparse && st.cur.tok + BN > st.cur.L) {
@@ -1016,7 +1031,7 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, cons
     ws_wait_s<Cfg>(ss, st, tw, unpublished);
     float sc[2];  // O rescale of this tile
     ws_softmax<Cfg>(p, st, row0, col_lane, sc, Cfg::kDescaled ? fp8_scale_log2 : p.scale_log2,
-                    ss.tile_valid + (Cfg::kSparse ? 2 * stage : 0));
+                    ss.tile_valid + (Cfg::kSparse ? 2 * (n % Cfg::kFlagSlots) : 0));
     const bool last = st.cur.tok + BN >= st.cur.stop;
     float lse2[2] = {-kInf, -kInf}, fin[2];
     if (last) ws_finish_rows<Cfg>(p, st, row0, sc, lse2, fin, fp8_v_scale);
@@ -1030,7 +1045,7 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, cons
     // its Q anyway.
     // KV_FP8: every P at once. The P V warpgroups de-quantize tile n + 1 before P V(n), and
     // S(n + 1) waits for that: P(n) held back until S(n + 1) started would serialize the three.
-    if (last || Cfg::kKvFp8) ws_publish_p<Cfg>(ss, tw, stage);
+    if (last || Cfg::kDequantInPv) ws_publish_p<Cfg>(ss, tw, stage);
     if (last) {
       if constexpr (!Cfg::kFusedCombine) {
         if ((tw & 3) == 0) ws_store_lse<Cfg>(p, st, row0, lse2);
@@ -1038,7 +1053,7 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, cons
       piece_start = true;
       st.cur.seek(ws_meta(p), seqlens, st.cur.bi + 1);
     } else {
-      if constexpr (!Cfg::kKvFp8) unpublished = stage;
+      if constexpr (!Cfg::kDequantInPv) unpublished = stage;
       st.cur.tok += BN;
     }
   }
@@ -1085,6 +1100,25 @@ __device__ __forceinline__ void ws_load_index(const DecodeParams& p, int m, int 
 // c / 8). An invalid token (index -1 or past the rows, or past topk_length) is zero-filled, never
 // read, and its valid bit is 0. Each thread's cp.asyncs arrive on full[s] when they land; lane 0
 // of each warp writes its 8 tokens' valid bits and arrives after them (full: 256 + 8 arrivals).
+// FP8 records: thread t copies (and later de-quantizes) quarter t % 4 of record t / 4 into the
+// record slot: its 128 e4m3 bytes, its scale and 32 bytes of the rope. The thread reads back only
+// what it wrote, so its own cp.async wait orders the two (no barrier), and its next gather follows
+// its de-quantization in program order. Invalid tokens are zero-filled (scale 0: a zero row).
+template <typename Cfg>
+__device__ __forceinline__ void ws_gather_record_quarter(const DecodeParams& p, const void* cache,
+                                                         typename Cfg::SharedStorage& ss, int t, bool ok, int idx) {
+  constexpr int R = Cfg::kRecordBytes;
+  const int r = t / 4, q = t % 4;
+  const char* src = reinterpret_cast<const char*>(cache);
+  if (ok) src += (long long)(idx / Cfg::PAGE_SIZE) * p.kv_block_stride + (idx % Cfg::PAGE_SIZE) * R;
+  const uint32_t dst = smem_addr(ss.records) + r * R;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) cp_async_16(dst + q * 128 + k * 16, src + q * 128 + k * 16, ok);
+  cp_async_4(dst + 512 + 4 * q, src + 512 + 4 * q, ok);
+#pragma unroll
+  for (int k = 0; k < 2; ++k) cp_async_16(dst + 528 + 32 * q + 16 * k, src + 528 + 32 * q + 16 * k, ok);
+}
+
 template <typename Cfg>
 __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void* kv_rows,
                                                typename Cfg::SharedStorage& ss, int m, int t, const WsGatherIndex& gi) {
@@ -1092,23 +1126,60 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
   const int s = m % NS;
   const int r = t / 4, q = t % 4;
   const bool ok = gi.idx >= 0 && gi.idx < p.kv_tokens && ws_sparse_tile(p, m).tok + r < gi.lim;
-  const char* src = reinterpret_cast<const char*>(kv_rows) + (ok ? (long long)gi.idx * p.kv_block_stride : 0);
-  const uint32_t dst = smem_addr(ss.kv[s]) + r * 128;
+  if constexpr (Cfg::kSparseFp8) {
+    ws_gather_record_quarter<Cfg>(p, kv_rows, ss, t, ok, gi.idx);
+  } else {
+    const char* src = reinterpret_cast<const char*>(kv_rows) + (ok ? (long long)gi.idx * p.kv_block_stride : 0);
+    const uint32_t dst = smem_addr(ss.kv[s]) + r * 128;
 #pragma unroll
-  for (int j = 0; j < Cfg::kGatherChunks; ++j) {
-    const int c = q + 4 * j;
-    cp_async_16(dst + (c / 8) * (BN * 128) + (((c % 8) ^ (r % 8)) << 4), src + c * 16, ok);
+    for (int j = 0; j < Cfg::kGatherChunks; ++j) {
+      const int c = q + 4 * j;
+      cp_async_16(dst + (c / 8) * (BN * 128) + (((c % 8) ^ (r % 8)) << 4), src + c * 16, ok);
+    }
+    cp_async_mbarrier_arrive_noinc(&ss.full[s]);
   }
-  cp_async_mbarrier_arrive_noinc(&ss.full[s]);
   // Lane 4 i holds token 8 w + i's flag (its quad agrees): bits 0, 4, .., 28 into one byte.
   unsigned bits = __ballot_sync(0xffffffffu, ok) & 0x11111111u;
   bits = (bits | (bits >> 3)) & 0x03030303u;
   bits = (bits | (bits >> 6)) & 0x000f000fu;
   bits = (bits | (bits >> 12)) & 0xffu;
   if (t % 32 == 0) {
-    reinterpret_cast<unsigned char*>(ss.tile_valid + 2 * s)[t / 32] = (unsigned char)bits;
-    mbarrier_arrive(&ss.full[s]);
+    reinterpret_cast<unsigned char*>(ss.tile_valid + 2 * (m % Cfg::kFlagSlots))[t / 32] = (unsigned char)bits;
+    // (FP8 records: published with the de-quantized stage, on kv_ready)
+    if constexpr (!Cfg::kSparseFp8) mbarrier_arrive(&ss.full[s]);
   }
+}
+
+// FP8 records: thread t's quarter of tile m (ws_gather_record_quarter) into stage m % NS as bf16,
+// each value times its 128-value scale in float32 and rounded once (as the float32 reference
+// does), in the TMA's SW128 layout; the rope copied. Then published to WG0 on kv_ready (the
+// valid bits of the tile were written by the same lanes before).
+template <typename Cfg>
+__device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& ss, int m, int t) {
+  constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES, R = Cfg::kRecordBytes;
+  const int s = m % NS;
+  const int r = t / 4, q = t % 4;
+  cp_async_wait_all();
+  const uint32_t src = smem_addr(ss.records) + r * R;
+  const uint32_t dst = smem_addr(ss.kv[s]) + r * 128;
+  auto chunk_addr = [&](int c) { return dst + (c / 8) * (BN * 128) + (((c % 8) ^ (r % 8)) << 4); };
+  const float scale = ld_shared_f32(src + 512 + 4 * q);
+  auto cvt = [&](uint32_t w) {  // the two e4m3 of w's low 16 bits, scaled, as bf16x2
+    const float2 f = e4m3x2_to_float2(w);
+    return ElemTraits<cutlass::bfloat16_t>::pack2(f.x * scale, f.y * scale);
+  };
+#pragma unroll 1
+  for (int k = 0; k < 8; ++k) {
+    const uint4 x = ld_shared_v4(src + q * 128 + k * 16);
+    const int c = 16 * q + 2 * k;  // columns 8 c .. 8 c + 15
+    st_shared_v4(chunk_addr(c), make_uint4(cvt(x.x), cvt(x.x >> 16), cvt(x.y), cvt(x.y >> 16)));
+    st_shared_v4(chunk_addr(c + 1), make_uint4(cvt(x.z), cvt(x.z >> 16), cvt(x.w), cvt(x.w >> 16)));
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) st_shared_v4(chunk_addr(64 + 2 * q + k), ld_shared_v4(src + 528 + 32 * q + 16 * k));
+  fence_proxy_async_shared();  // read by wgmma (async proxy)
+  __syncwarp();
+  if (t % 32 == 0) mbarrier_arrive(&ss.kv_ready[s]);
 }
 
 // Tiles of this CTA (WG0 owns the walk; the P V warpgroups only need the count).
@@ -1165,8 +1236,8 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
     mbarrier_wait(&ss.p_full[stage], phase);
     // Complete already (WG0 waited it): TMA bytes visible. KV_FP8: not waited (ws_dequant_tile did;
     // the slot may already hold tile n + NS, its barrier a phase further on, the parity back).
-    if constexpr (!Cfg::kKvFp8) mbarrier_wait(&ss.full[stage], phase);
-    if constexpr (Cfg::kSparse) fence_proxy_async_shared();  // cp.async bytes, read by wgmma
+    if constexpr (!Cfg::kDequantInPv) mbarrier_wait(&ss.full[stage], phase);
+    if constexpr (Cfg::kSparse && !Cfg::kSparseFp8) fence_proxy_async_shared();  // cp.async bytes, read by wgmma
   }
   const float sc0 = ss.row_scale[stage][row0], sc1 = ss.row_scale[stage][row0 + 8];
   // Lazy rescaling makes the scale exactly 1 on most tiles; a piece's first tile overwrites O.
@@ -1281,14 +1352,24 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const Len
   // Sparse: the gathering threads' next index (tile 0's gathered at once, 1 .. NS - 1 once WG0 has
   // its first Q, as the TMA producer does).
   WsGatherIndex gi{-1, 0};
+  // FP8 records: tile 0 de-quantized and tile 1 gathered before the loop (which de-quantizes tile
+  // n + 1 and gathers n + 2 before its P V(n)).
   if constexpr (Cfg::kSparse) {
     ws_load_index<Cfg>(p, 0, num_tiles, tid - 128, gi);
     if (num_tiles > 0) ws_gather_tile<Cfg>(p, kv_rows, ss, 0, tid - 128, gi);
     ws_load_index<Cfg>(p, 1, num_tiles, tid - 128, gi);
     named_barrier_sync(kBarFirstQ, ws_first_q_threads<Cfg>());
-    for (int m = 1; m < NS && m < num_tiles; ++m) {
-      ws_gather_tile<Cfg>(p, kv_rows, ss, m, tid - 128, gi);
-      ws_load_index<Cfg>(p, m + 1, num_tiles, tid - 128, gi);
+    if constexpr (Cfg::kSparseFp8) {
+      if (num_tiles > 0) ws_dequant_records<Cfg>(ss, 0, tid - 128);
+      if (num_tiles > 1) {
+        ws_gather_tile<Cfg>(p, kv_rows, ss, 1, tid - 128, gi);
+        ws_load_index<Cfg>(p, 2, num_tiles, tid - 128, gi);
+      }
+    } else {
+      for (int m = 1; m < NS && m < num_tiles; ++m) {
+        ws_gather_tile<Cfg>(p, kv_rows, ss, m, tid - 128, gi);
+        ws_load_index<Cfg>(p, m + 1, num_tiles, tid - 128, gi);
+      }
     }
   }
 
@@ -1333,6 +1414,18 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const Len
       if (n + 1 < num_tiles) {
         ws_dequant_tile<Cfg>(ss, n + 1);
         if (is_producer && ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
+      }
+    } else if constexpr (Cfg::kSparseFp8) {
+      // Tile n + 1 into the stage of tile n - 1 once both P V warpgroups are past P V(n - 1), and
+      // tile n + 2's records into the slot (each thread's own quarter: read back just before).
+      if (n + 1 < num_tiles) {
+        if (n > 0) named_barrier_sync(kBarDequant, 256);
+        const int t = ws_opaque(tid) - 128;
+        ws_dequant_records<Cfg>(ss, n + 1, t);
+        if (n + 2 < num_tiles) {
+          ws_gather_tile<Cfg>(p, kv_rows, ss, n + 2, t, gi);
+          ws_load_index<Cfg>(p, n + 3, num_tiles, t, gi);
+        }
       }
     } else if constexpr (Cfg::kSparse) {
       // Both P V warpgroups are past P V(n - 1) (named barrier): its stage takes tile n - 1 + NS.
@@ -1386,7 +1479,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       mbarrier_init(&ss.full[s], Cfg::kSparse ? Cfg::kGatherThreads + Cfg::kGatherThreads / 32 : 1);
       mbarrier_init(&ss.p_full[s], 4);
       mbarrier_init(&ss.pv_done[s], 8 * Cfg::CLUSTER_M);
-      if constexpr (Cfg::kKvFp8) mbarrier_init(&ss.kv_ready[s], 8);
+      if constexpr (Cfg::kDequantInPv) mbarrier_init(&ss.kv_ready[s], 8);
     }
     ss.num_pending = 0;
     fence_barrier_init();
