@@ -4,11 +4,14 @@ H200 (../shared/ANCHORS.md; at h_q 8 / 16 / 32 FlashMLA pads to 64 heads, so its
 FLOPs as FlashMLA's test counts them: 2 * b * s_q * h_q * topk * (576 + 512); bytes: the records read
 (656 a selected token), q, out and the indices.
 
-    python bench/bench_sparse_decode.py [--arch sm_80|sm_89] [--json out.json]
+    python bench/bench_sparse_decode.py [--arch sm_80|sm_89] [--against-package mla_jit_prev] [--json out.json]
+
+--against-package: another copy of the package (scripts/prepare_prev.sh) timed call by call with this one.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -30,31 +33,36 @@ TOPK, S_K = 2048, 32768
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--arch", help="tuning forced through MLA_JIT_ARCH (e.g. sm_80, sm_89)")
+    parser.add_argument("--against-package", help="a second copy of the package, timed interleaved")
     parser.add_argument("--json")
     args = parser.parse_args()
+    other = importlib.import_module(args.against_package) if args.against_package else None
     if args.arch:
         os.environ["MLA_JIT_ARCH"] = args.arch
     flush = torch.empty(8 << 30, dtype=torch.uint8, device="cuda")
     results = []
-    print(f"{'b':>4} {'s_q':>3} {'h_q':>4} {'us':>8} {'TFLOPS':>7} {'GB/s':>6} {'FlashMLA us':>11} {'ratio':>6}")
+    print(f"{'b':>4} {'s_q':>3} {'h_q':>4} {'us':>8} {'TFLOPS':>7} {'GB/s':>6} {'FlashMLA us':>11} {'ratio':>6}"
+          + (f" {'other us':>8} {'other/us':>8}" if other else ""))
     for b, s_q, h_q, anchor_us in ROWS:
         case = SparseCase(b, s_q, h_q, TOPK, s_k=S_K, invalid=0.0)
         q, records, _, indices, _, _ = make_sparse_inputs(case)
         sink = torch.zeros(h_q, device="cuda")  # FlashMLA's figures were taken with the sink on
-        sched, _ = mla_jit.get_mla_metadata()
-
-        def call():
-            return mla_jit.flash_mla_with_kvcache(q, records, None, None, 512, sched, None, is_fp8_kvcache=True,
-                                                  indices=indices, attn_sink=sink)
-        (us,) = time_interleaved([(lambda: None, call)], flush)
+        def caller(pkg):
+            sched, _ = pkg.get_mla_metadata()
+            return lambda: pkg.flash_mla_with_kvcache(q, records, None, None, 512, sched, None, is_fp8_kvcache=True,
+                                                      indices=indices, attn_sink=sink)
+        variants = [(lambda: None, caller(mla_jit))] + ([(lambda: None, caller(other))] if other else [])
+        us, *other_us = time_interleaved(variants, flush)
         flop = 2 * b * s_q * h_q * TOPK * (576 + 512)
         nbytes = b * s_q * TOPK * (656 + 4) + b * s_q * h_q * (576 + 512) * 2
         row = {"b": b, "s_q": s_q, "h_q": h_q, "topk": TOPK, "us": us, "tflops": flop / us / 1e6,
                "gbps": nbytes / us / 1e3, "flashmla_us": anchor_us, "ratio": anchor_us / us,
                "arch": args.arch or "native"}
+        if other:
+            row.update(other_us=other_us[0], other_ratio=other_us[0] / us)
         results.append(row)
         print(f"{b:>4} {s_q:>3} {h_q:>4} {us:>8.1f} {row['tflops']:>7.1f} {row['gbps']:>6.0f} {anchor_us:>11.1f} "
-              f"{row['ratio']:>6.3f}")
+              f"{row['ratio']:>6.3f}" + (f" {other_us[0]:>8.1f} {row['other_ratio']:>8.3f}" if other else ""))
         del q, records, indices
     if args.json:
         with open(args.json, "w") as f:

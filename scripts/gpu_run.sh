@@ -103,7 +103,8 @@ if [ -f bench/bench_decode.py ] && [ -z "${SKIP_DECODE_BENCH:-}" ]; then
   done
 fi
 if [ -z "${SKIP_SPARSE_BENCH:-}" ]; then  # sparse decode against FlashMLA's H200 figures
-  python3 bench/bench_sparse_decode.py --json "$OUT/sparse_decode.json" 2>&1 | tee "$OUT/sparse_decode.log" | tail -n 10
+  python3 bench/bench_sparse_decode.py ${BENCH_AGAINST_PACKAGE:+--against-package "$BENCH_AGAINST_PACKAGE"} \
+    --json "$OUT/sparse_decode.json" 2>&1 | tee "$OUT/sparse_decode.log" | tail -n 10
   for arch in ${SPARSE_BENCH_ARCHS:-}; do  # e.g. "sm_80 sm_89": the Ampere/Ada tunings on this GPU
     python3 bench/bench_sparse_decode.py --arch "$arch" --json "$OUT/sparse_decode_$arch.json" 2>&1 | tail -n 9
   done

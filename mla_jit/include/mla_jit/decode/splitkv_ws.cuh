@@ -1072,12 +1072,17 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, cons
 struct WsSparseTile {
   int bi, tok;
 };
-__device__ __forceinline__ WsSparseTile ws_sparse_tile(const DecodeParams& p, int m) {
+// origin: the walk's first tile in that order (ws_walk_origin, read once: the metadata's global
+// loads, L1 misses under the 227 KB carve-out, sat on the gathering threads' path every tile).
+__device__ __forceinline__ int ws_walk_origin(const DecodeParams& p) {
   const int* meta = ws_meta(p);
+  return meta[kMetaBeginBatch] * ((p.topk + 63) / 64) + meta[kMetaBeginToken] / 64;
+}
+__device__ __forceinline__ WsSparseTile ws_sparse_tile(const DecodeParams& p, int origin, int m) {
   const int tiles_per_row = (p.topk + 63) / 64;
-  const int t = meta[kMetaBeginToken] / 64 + m;
+  const int t = origin + m;
   const int q = t / tiles_per_row;
-  return {meta[kMetaBeginBatch] + q, (t - q * tiles_per_row) * 64};
+  return {q, (t - q * tiles_per_row) * 64};
 }
 
 // The index of gathering thread t's token (t / 4) in tile m (-1 past topk: not loaded) and its
@@ -1087,9 +1092,10 @@ struct WsGatherIndex {
   int idx, lim;
 };
 template <typename Cfg>
-__device__ __forceinline__ void ws_load_index(const DecodeParams& p, int m, int num_tiles, int t, WsGatherIndex& gi) {
+__device__ __forceinline__ void ws_load_index(const DecodeParams& p, int origin, int m, int num_tiles, int t,
+                                              WsGatherIndex& gi) {
   if (m >= num_tiles) return;
-  const WsSparseTile tile = ws_sparse_tile(p, m);
+  const WsSparseTile tile = ws_sparse_tile(p, origin, m);
   const int tok = tile.tok + t / 4;
   gi.idx = tok < p.topk ? __ldg(p.block_table + (long long)tile.bi * p.block_table_stride + tok) : -1;
   gi.lim = p.topk_length != nullptr ? min(__ldg(p.topk_length + tile.bi / p.lse_fold), p.topk) : p.topk;
@@ -1121,11 +1127,12 @@ __device__ __forceinline__ void ws_gather_record_quarter(const DecodeParams& p, 
 
 template <typename Cfg>
 __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void* kv_rows,
-                                               typename Cfg::SharedStorage& ss, int m, int t, const WsGatherIndex& gi) {
+                                               typename Cfg::SharedStorage& ss, int origin, int m, int t,
+                                               const WsGatherIndex& gi) {
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
   const int s = m % NS;
   const int r = t / 4, q = t % 4;
-  const bool ok = gi.idx >= 0 && gi.idx < p.kv_tokens && ws_sparse_tile(p, m).tok + r < gi.lim;
+  const bool ok = gi.idx >= 0 && gi.idx < p.kv_tokens && ws_sparse_tile(p, origin, m).tok + r < gi.lim;
   if constexpr (Cfg::kSparseFp8) {
     ws_gather_record_quarter<Cfg>(p, kv_rows, ss, t, ok, gi.idx);
   } else {
@@ -1216,10 +1223,11 @@ __device__ __forceinline__ void ws_release_stage(typename Cfg::SharedStorage& ss
   }
 }
 
-template <typename Cfg, typename TiledMmaO, typename FragO>
+// during: work of the thread's own (no O, no wgmma) done while the P V wgmma runs.
+template <typename Cfg, typename TiledMmaO, typename FragO, typename During>
 __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss, TiledMmaO& mma_o, FragO& tOrO,
                                                  int stage, uint32_t phase, bool fresh, int half, int tid_wg,
-                                                 int lane, int row0, int vt_buf) {
+                                                 int lane, int row0, int vt_buf, During&& during) {
   using Element = typename Cfg::Element;
   constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
   Element* kv = ss.kv[stage];
@@ -1253,6 +1261,7 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
     pbuf = ss.aux + stage * (BM * BN);
   }
   issue_pv_half<Cfg>(mma_o, tid_wg, pbuf, v_half, tOrO, fresh);
+  during();
 
   cute::warpgroup_wait<0>();
   cute::warpgroup_fence_operand(tOrO);
@@ -1352,23 +1361,24 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const Len
   // Sparse: the gathering threads' next index (tile 0's gathered at once, 1 .. NS - 1 once WG0 has
   // its first Q, as the TMA producer does).
   WsGatherIndex gi{-1, 0};
+  const int origin = Cfg::kSparse ? ws_walk_origin(p) : 0;
   // FP8 records: tile 0 de-quantized and tile 1 gathered before the loop (which de-quantizes tile
   // n + 1 and gathers n + 2 before its P V(n)).
   if constexpr (Cfg::kSparse) {
-    ws_load_index<Cfg>(p, 0, num_tiles, tid - 128, gi);
-    if (num_tiles > 0) ws_gather_tile<Cfg>(p, kv_rows, ss, 0, tid - 128, gi);
-    ws_load_index<Cfg>(p, 1, num_tiles, tid - 128, gi);
+    ws_load_index<Cfg>(p, origin, 0, num_tiles, tid - 128, gi);
+    if (num_tiles > 0) ws_gather_tile<Cfg>(p, kv_rows, ss, origin, 0, tid - 128, gi);
+    ws_load_index<Cfg>(p, origin, 1, num_tiles, tid - 128, gi);
     named_barrier_sync(kBarFirstQ, ws_first_q_threads<Cfg>());
     if constexpr (Cfg::kSparseFp8) {
       if (num_tiles > 0) ws_dequant_records<Cfg>(ss, 0, tid - 128);
       if (num_tiles > 1) {
-        ws_gather_tile<Cfg>(p, kv_rows, ss, 1, tid - 128, gi);
-        ws_load_index<Cfg>(p, 2, num_tiles, tid - 128, gi);
+        ws_gather_tile<Cfg>(p, kv_rows, ss, origin, 1, tid - 128, gi);
+        ws_load_index<Cfg>(p, origin, 2, num_tiles, tid - 128, gi);
       }
     } else {
       for (int m = 1; m < NS && m < num_tiles; ++m) {
-        ws_gather_tile<Cfg>(p, kv_rows, ss, m, tid - 128, gi);
-        ws_load_index<Cfg>(p, m + 1, num_tiles, tid - 128, gi);
+        ws_gather_tile<Cfg>(p, kv_rows, ss, origin, m, tid - 128, gi);
+        ws_load_index<Cfg>(p, origin, m + 1, num_tiles, tid - 128, gi);
       }
     }
   }
@@ -1422,18 +1432,14 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const Len
         if (n > 0) named_barrier_sync(kBarDequant, 256);
         const int t = ws_opaque(tid) - 128;
         ws_dequant_records<Cfg>(ss, n + 1, t);
-        if (n + 2 < num_tiles) {
-          ws_gather_tile<Cfg>(p, kv_rows, ss, n + 2, t, gi);
-          ws_load_index<Cfg>(p, n + 3, num_tiles, t, gi);
-        }
       }
     } else if constexpr (Cfg::kSparse) {
       // Both P V warpgroups are past P V(n - 1) (named barrier): its stage takes tile n - 1 + NS.
       if (n > 0 && n - 1 + NS < num_tiles) {
         named_barrier_sync(kBarDequant, 256);
         const int t = ws_opaque(tid) - 128;
-        ws_gather_tile<Cfg>(p, kv_rows, ss, n - 1 + NS, t, gi);
-        ws_load_index<Cfg>(p, n + NS, num_tiles, t, gi);
+        ws_gather_tile<Cfg>(p, kv_rows, ss, origin, n - 1 + NS, t, gi);
+        ws_load_index<Cfg>(p, origin, n + NS, num_tiles, t, gi);
       }
     } else {
       if (is_producer && n > 0 && ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
@@ -1443,7 +1449,19 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const Len
     // would cost registers that O and the de-quantization need.
     const int tw = ws_opaque(tid_wg);
     const int row0 = ws_row0(tw), col_lane = ws_col_lane(tw);
-    const WsTileInfo info = ws_pv_tile<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tw, tw % 32, row0, n & 1);
+    // FP8 records: tile n + 2's gather (into the slot tile n + 1 just left) and n + 3's index while P V(n)
+    // runs on the tensor cores: off the path from the de-quantization to the next one.
+    auto during_pv = [&] {
+      if constexpr (Cfg::kSparseFp8) {
+        if (n + 2 < num_tiles) {
+          const int t = ws_opaque(tid) - 128;
+          ws_gather_tile<Cfg>(p, kv_rows, ss, origin, n + 2, t, gi);
+          ws_load_index<Cfg>(p, origin, n + 3, num_tiles, t, gi);
+        }
+      }
+    };
+    const WsTileInfo info =
+        ws_pv_tile<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tw, tw % 32, row0, n & 1, during_pv);
     if (info.last) ws_store_o<Cfg>(p, ss, tOrO, info, half, row0, col_lane, tid);
     fresh = info.last;
     if (++stage == NS) {
