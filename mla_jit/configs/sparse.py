@@ -1,11 +1,12 @@
 """Configs of the sparse (DSA) attention kernels: pure functions of the arch and the token storage.
 
-The kernel is the mma.sync split-KV kernel (splitkv_sm80.cuh) with SPARSE_KV, tiles of one query
-token's heads gathered by index (cp.async). Tokens are FlashMLA's FP8 records (the decode's cache,
-also read by the sparse prefill: 16 heads a CTA, Q in registers, each tile's e4m3 values de-quantized
-into bf16 one tile ahead of its use) or bf16 rows (the sparse prefill's kv, d_qk 576 or 512: the
-dense family's tiles, so that above 16 heads a gathered row feeds 32 or 64 heads' MMAs). It serves
-every arch, Hopper included, until a wgmma kernel lands.
+Tokens are FlashMLA's FP8 records (the decode's cache, also read by the sparse prefill) or bf16 rows
+(the sparse prefill's kv, d_qk 576 or 512), gathered by index. On sm_90a, above 16 heads: the dense
+decode's warp-specialized wgmma kernel (splitkv_ws.cuh with SPARSE_KV, SparseWsConfig): 64 heads of
+one query token a tile, the P V warpgroups gathering the tiles (and de-quantizing FP8 records into
+bf16). Else the mma.sync split-KV kernel (splitkv_sm80.cuh with SPARSE_KV): FP8 records 16 heads a
+CTA with Q in registers, each tile de-quantized one tile ahead of its use; bf16 rows on the dense
+family's tiles, so that above 16 heads a gathered row feeds 32 or 64 heads' MMAs.
 """
 from __future__ import annotations
 
@@ -66,14 +67,12 @@ class SparseWsConfig:
 
 
 def _tiles(arch: Arch, head_dim: int, kv: str, h_q: int) -> tuple[int, int, int, int]:
-    """(block_m, block_n, stages, warps). FP8 records of more than 32 heads on sm_90a: 64 x 16 with 8
-    warps and 4 stages (195 KB: a record de-quantized once for 64 heads). Else FP8 records, and bf16
-    rows of at most 16 heads: 16 x 16 tiles with Q in registers, 4 stages where they fit (FP8 records
-    111.6 KB, bf16 rows <= 78 KB), else 3 (FP8 records: 84.7 KB on the 99 KB Ada / GA10x blocks). bf16 rows of more heads: 32 x 16,
-    3 stages, 4 warps (99 KB at d 576: 2 CTAs an SM on Hopper); above 32 heads on sm_80 / sm_90a
-    64 x 32 with 8 warps and 2 stages (sm_80's 163 KB) or 3 (sm_90a's 227 KB)."""
-    if kv == FP8_RECORDS and h_q > 32 and arch.name == "sm_90a":
-        return 64, 16, 4, 8
+    """(block_m, block_n, stages, warps) of the mma.sync kernel. FP8 records, and bf16 rows of at most
+    16 heads: 16 x 16 tiles with Q in registers, 4 stages where they fit (FP8 records 111.6 KB, bf16
+    rows <= 78 KB), else 3 (FP8 records: 84.7 KB on the 99 KB Ada / GA10x blocks). bf16 rows of more
+    heads: 32 x 16, 3 stages, 4 warps (99 KB at d 576); above 32 heads on sm_80 / sm_90a 64 x 32 with
+    8 warps and 2 stages (sm_80's 163 KB) or 3 (sm_90a's 227 KB; forced tunings only: sm_90a takes
+    the wgmma kernel there)."""
     if kv == FP8_RECORDS or h_q <= BLOCK_M:
         fits = _sm80_smem_bytes(BLOCK_M, BLOCK_N, 4, NUM_WARPS, head_dim, kv) <= _SMEM_LIMIT[arch.name]
         return BLOCK_M, BLOCK_N, 4 if fits else 3, NUM_WARPS

@@ -179,7 +179,7 @@ struct WorkCursor {
   // Moves to the first non-empty piece at or after batch `b`. seqlens: cache_seqlens, or anything
   // indexable (the sparse kernels' fixed topk).
   template <typename Lens>
-  __device__ __forceinline__ void seek(const Lens& seqlens, int b) {
+  __device__ __forceinline__ void seek(Lens seqlens, int b) {
     for (bi = b; bi <= end_b; ++bi) {
       L = max(seqlens[bi], 0);
       const int start = bi == begin_b ? begin_tok : 0;
@@ -191,7 +191,7 @@ struct WorkCursor {
     }
   }
   template <typename Lens>
-  __device__ __forceinline__ void init(const int* meta, const Lens& seqlens) {
+  __device__ __forceinline__ void init(const int* meta, Lens seqlens) {
     begin_b = meta[kMetaBeginBatch];
     begin_tok = meta[kMetaBeginToken];
     end_b = meta[kMetaEndBatch];
@@ -200,7 +200,7 @@ struct WorkCursor {
   }
   // Returns true when the tile just left was the last one of its piece.
   template <int BLOCK_N, typename Lens>
-  __device__ __forceinline__ bool advance(const Lens& seqlens) {
+  __device__ __forceinline__ bool advance(Lens seqlens) {
     tok += BLOCK_N;
     if (tok < stop) return false;
     seek(seqlens, bi + 1);

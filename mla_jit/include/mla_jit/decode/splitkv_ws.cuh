@@ -98,6 +98,23 @@
 // the de-quantization after P V(n)). descale_k goes into S's scale and, with 1/l, into the last
 // tile's P and O rescale.
 //
+// Sparse (SPARSE_KV != 0; DSA decode and prefill, configs/sparse.py): the batch is single-token rows
+// (a decode's b * s_q, a prefill's s_q tokens), each walking its topk indices (block_table) in
+// 64-token tiles; the walk is one contiguous run of (row, tile) pairs from the metadata's origin, so
+// the P V warpgroups find any tile's indices by arithmetic. No TMA producer: the 256 P V threads
+// gather each tile with cp.async (4 threads a token), invalid tokens (index -1 or past the cache,
+// past topk_length) zero-filled and never read, and write a valid bit per token (tile_valid) that
+// WG0 uses to mask S. m_run is the exact running max (no lazy rescaling: it is max_logits), and the
+// attention sink is folded into the last tile's 1/l when a row has a single split. The combine
+// kernel merges splits (no fused combine, no clusters).
+//   bf16 rows (2): gathered straight into stage n % NS once both P V warpgroups are past P V(n - NS)
+//   (named barrier 6), arriving on full[s] (256 cp.async arrivals + 8 warps' valid bytes).
+//   FP8 records (1): 2 bf16 stages and one 41 KB record slot. Each thread gathers a quarter record
+//   (128 e4m3, its scale, 32 rope bytes) into the slot and later de-quantizes exactly that quarter
+//   into the stage (its own cp.async wait orders the two: no barrier), fences, and its warp arrives
+//   on kv_ready[s]. Per tile n: [named barrier 6: P V(n - 1) done] de-quantize tile n + 1 ->
+//   P V(n), and while its wgmma runs the gather of tile n + 2 and the index of n + 3.
+//
 // Code: mla_splitkv_ws_body (barrier setup, role dispatch, the fused combine's step 2) runs
 // ws_softmax_warpgroup in WG0 (per piece ws_load_q; per tile ws_issue_s, ws_wait_s, ws_softmax,
 // ws_finish_rows, ws_store_p, ws_store_lse, ws_publish_p) and ws_pv_warpgroup in WG1 / WG2 (per
@@ -133,7 +150,7 @@ struct WsCursor {
   int bi, tok, stop, L;
   __device__ __forceinline__ bool valid() const { return tok < stop; }
   template <typename Lens>
-  __device__ __forceinline__ void seek(const int* meta, const Lens& seqlens, int b) {
+  __device__ __forceinline__ void seek(const int* meta, Lens seqlens, int b) {
     const int begin_b = meta[kMetaBeginBatch], end_b = meta[kMetaEndBatch];
     for (bi = b; bi <= end_b; ++bi) {
       L = max(seqlens[bi], 0);
@@ -497,7 +514,7 @@ __device__ __forceinline__ const int* ws_meta(const DecodeParams& p) {
 // tiles' CTAs read the same KV through L2: normal priority (evict_first cost 1-4% on the
 // h_q = 128 rows before clusters).
 template <typename Cfg, typename Lens>
-__device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, const Lens& seqlens, const TmaDescriptor* tmap,
+__device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, Lens seqlens, const TmaDescriptor* tmap,
                                               typename Cfg::SharedStorage& ss) {
   using Element = typename Cfg::Element;
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
@@ -562,7 +579,7 @@ __device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, const Lens&
 // The producer's start (thread 128): its walk, and tile 0 at once. Tiles 1 .. NUM_STAGES - 1 wait
 // for WG0's first Q (ws_pv_warpgroup).
 template <typename Cfg, typename Lens>
-__device__ __forceinline__ void ws_producer_start(const DecodeParams& p, const Lens& seqlens, const TmaDescriptor* tmap,
+__device__ __forceinline__ void ws_producer_start(const DecodeParams& p, Lens seqlens, const TmaDescriptor* tmap,
                                                   typename Cfg::SharedStorage& ss) {
   const int* meta = ws_meta(p);
   const int b0 = meta[kMetaBeginBatch], t0 = meta[kMetaBeginToken];
@@ -618,7 +635,7 @@ struct WsSoftmaxState {
 
 // WG0's walk to its first piece, with Q of the first batch prefetched into L2 meanwhile.
 template <typename Cfg, typename Lens>
-__device__ __forceinline__ void ws_seek_first_piece(const DecodeParams& p, const Lens& seqlens,
+__device__ __forceinline__ void ws_seek_first_piece(const DecodeParams& p, Lens seqlens,
                                                     WsSoftmaxState<Cfg>& st) {
   using Element = typename Cfg::Element;
   constexpr int BM = Cfg::BLOCK_M, D = Cfg::HEAD_DIM;
@@ -997,7 +1014,7 @@ __device__ __forceinline__ void ws_publish_p(typename Cfg::SharedStorage& ss, in
 // WG0's role: per tile, S = Q K^T, mask and online softmax, P into the stage's slots; the walk
 // over the CTA's pieces and the lse of each finished one.
 template <typename Cfg, typename Lens>
-__device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, const Lens& seqlens,
+__device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, Lens seqlens,
                                                      typename Cfg::SharedStorage& ss) {
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
   setmaxnreg_move<Cfg::kLaunchRegs, Cfg::kRegsS>();
@@ -1191,7 +1208,7 @@ __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& 
 
 // Tiles of this CTA (WG0 owns the walk; the P V warpgroups only need the count).
 template <typename Cfg, typename Lens>
-__device__ __forceinline__ int ws_count_tiles(const DecodeParams& p, const Lens& seqlens) {
+__device__ __forceinline__ int ws_count_tiles(const DecodeParams& p, Lens seqlens) {
   constexpr int BN = Cfg::BLOCK_N;
   int num_tiles = 0;
   WorkCursor c;
@@ -1334,7 +1351,7 @@ __device__ __forceinline__ void ws_dequant_tile(typename Cfg::SharedStorage& ss,
 }
 
 template <typename Cfg, typename Lens>
-__device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, const Lens& seqlens, const TmaDescriptor* tmap,
+__device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seqlens, const TmaDescriptor* tmap,
                                                 const void* kv_rows, typename Cfg::SharedStorage& ss, int wg, int tid) {
   using namespace cute;
   constexpr int BM = Cfg::BLOCK_M, DV = Cfg::HEAD_DIM_V, NS = Cfg::NUM_STAGES;
@@ -1511,7 +1528,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
   pdl_wait_primary();
 
   // Sequence lengths: the cache's, or (sparse) topk for every row.
-  auto roles = [&](const auto& seqlens) {
+  auto roles = [&](auto seqlens) {
     if (wg == 0) {
       detail::ws_softmax_warpgroup<Cfg>(p, seqlens, ss);
     } else {
@@ -1521,7 +1538,8 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
   if constexpr (Cfg::kSparse) {
     roles(detail::WsFixedLengths{p.topk});
   } else {
-    roles(p.cache_seqlens);
+    const int* seqlens = p.cache_seqlens;
+    roles(seqlens);
   }
   if constexpr (Cfg::kFusedCombine) {
     // Step 2 of the fused combine: all 12 warps merge the batches this CTA completed. The KV
