@@ -88,8 +88,9 @@ def test_sparse_decode_schedule_tensors():
     _check(SparseCase(3, 2, 32, 256, topk_length=True, sink=True), api="tensors")
 
 
-def test_sparse_decode_graph_replay_with_new_indices():
-    case = SparseCase(4, 2, 16, 256, topk_length=True, sink=True)
+@pytest.mark.parametrize("h_q", [16, 64])   # the mma.sync kernel and (on Hopper) the wgmma one
+def test_sparse_decode_graph_replay_with_new_indices(h_q):
+    case = SparseCase(4, 2, h_q, 256, topk_length=True, sink=True)
     q, records, deq, indices, topk_length, attn_sink = make_sparse_inputs(case, seed=5)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -111,8 +112,9 @@ def test_sparse_decode_graph_replay_with_new_indices():
         assert_sparse_close(out, lse, *sparse_reference(q2, deq2, indices2, topk_length2, sink2))
 
 
-def test_sparse_decode_under_torch_compile():
-    case = SparseCase(2, 1, 16, 128, sink=True)
+@pytest.mark.parametrize("h_q", [16, 64])
+def test_sparse_decode_under_torch_compile(h_q):
+    case = SparseCase(2, 1, h_q, 128, sink=True)
     q, records, deq, indices, topk_length, attn_sink = make_sparse_inputs(case, seed=11)
 
     @torch.compile(fullgraph=True)
