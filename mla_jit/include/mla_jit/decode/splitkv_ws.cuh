@@ -109,10 +109,10 @@
 // kernel merges splits (no fused combine, no clusters).
 //   bf16 rows (2): gathered straight into stage n % NS once both P V warpgroups are past P V(n - NS)
 //   (named barrier 6), arriving on full[s] (256 cp.async arrivals + 8 warps' valid bytes).
-//   FP8 records (1): 2 bf16 stages and one 41 KB record slot. Each thread gathers a quarter record
-//   (128 e4m3, its scale, 32 rope bytes) into the slot and later de-quantizes exactly that quarter
-//   into the stage (its own cp.async wait orders the two: no barrier), fences, and its warp arrives
-//   on kv_ready[s]. Per tile n: [named barrier 6: P V(n - 1) done] de-quantize tile n + 1 ->
+//   FP8 records (1): 2 bf16 stages and one 45 KB record slot. Each thread gathers a quarter record
+//   (128 e4m3, a copy of the 4 scales, 32 rope bytes) into the slot and later de-quantizes exactly
+//   that quarter into the stage (its own cp.async wait orders the two: no barrier), fences, and its
+//   warp arrives on kv_ready[s]. Per tile n: [named barrier 6: P V(n - 1) done] de-quantize tile n + 1 ->
 //   P V(n), and while its wgmma runs the gather of tile n + 2 and the index of n + 3.
 //
 // Code: mla_splitkv_ws_body (barrier setup, role dispatch, the fused combine's step 2) runs
@@ -462,6 +462,9 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // FP8 records: one tile of records (41 KB), gathered a tile ahead of its de-quantization.
   struct RecordSlot {
     alignas(1024) unsigned char records[BLOCK_N * kRecordBytes];
+    // Each gathering thread's own 16-byte copy of its record's 4 scales (a 16-byte cp.async.cg, not
+    // a 4-byte one through L1, which the 227 KB carve-out leaves thrashed).
+    alignas(16) unsigned char scales[BLOCK_N * 4][16];
   };
   struct SharedStorage
       : cute::conditional_t<kKvFp8, LandingSlots, cute::conditional_t<kSparseFp8, RecordSlot, NoLandingSlots>> {
@@ -1102,20 +1105,20 @@ __device__ __forceinline__ WsSparseTile ws_sparse_tile(const DecodeParams& p, in
   return {q, (t - q * tiles_per_row) * 64};
 }
 
-// The index of gathering thread t's token (t / 4) in tile m (-1 past topk: not loaded) and its
-// row's token limit (topk_length, at most topk): loaded a tile ahead of the gather, so that their
-// round trip overlaps a tile's work.
+// The index of gathering thread t's token (t / 4) in tile m (-1 past topk: not loaded), its
+// position in the row and the row's token limit (topk_length, at most topk): loaded a tile ahead of
+// the gather, so that their round trip overlaps a tile's work (and the gather divides nothing).
 struct WsGatherIndex {
-  int idx, lim;
+  int idx, tok, lim;
 };
 template <typename Cfg>
 __device__ __forceinline__ void ws_load_index(const DecodeParams& p, int origin, int m, int num_tiles, int t,
                                               WsGatherIndex& gi) {
   if (m >= num_tiles) return;
   const WsSparseTile tile = ws_sparse_tile(p, origin, m);
-  const int tok = tile.tok + t / 4;
-  gi.idx = tok < p.topk ? __ldg(p.block_table + (long long)tile.bi * p.block_table_stride + tok) : -1;
-  gi.lim = p.topk_length != nullptr ? min(__ldg(p.topk_length + tile.bi / p.lse_fold), p.topk) : p.topk;
+  gi.tok = tile.tok + t / 4;
+  gi.idx = gi.tok < p.topk ? __ldg(p.block_table + (long long)tile.bi * p.block_table_stride + gi.tok) : -1;
+  gi.lim = p.topk_length != nullptr ? __ldg(p.topk_length + tile.bi / p.lse_fold) : p.topk;
 }
 
 // Tile m's tokens into stage m % NS by the 256 gathering threads (4 a token, kGatherChunks
@@ -1124,7 +1127,7 @@ __device__ __forceinline__ void ws_load_index(const DecodeParams& p, int origin,
 // read, and its valid bit is 0. Each thread's cp.asyncs arrive on full[s] when they land; lane 0
 // of each warp writes its 8 tokens' valid bits and arrives after them (full: 256 + 8 arrivals).
 // FP8 records: thread t copies (and later de-quantizes) quarter t % 4 of record t / 4 into the
-// record slot: its 128 e4m3 bytes, its scale and 32 bytes of the rope. The thread reads back only
+// record slot: its 128 e4m3 bytes, its own copy of the 4 scales and 32 bytes of the rope. The thread reads back only
 // what it wrote, so its own cp.async wait orders the two (no barrier), and its next gather follows
 // its de-quantization in program order. Invalid tokens are zero-filled (scale 0: a zero row).
 template <typename Cfg>
@@ -1137,7 +1140,7 @@ __device__ __forceinline__ void ws_gather_record_quarter(const DecodeParams& p, 
   const uint32_t dst = smem_addr(ss.records) + r * R;
 #pragma unroll
   for (int k = 0; k < 8; ++k) cp_async_16(dst + q * 128 + k * 16, src + q * 128 + k * 16, ok);
-  cp_async_4(dst + 512 + 4 * q, src + 512 + 4 * q, ok);
+  cp_async_16(smem_addr(ss.scales[t]), src + 512, ok);
 #pragma unroll
   for (int k = 0; k < 2; ++k) cp_async_16(dst + 528 + 32 * q + 16 * k, src + 528 + 32 * q + 16 * k, ok);
 }
@@ -1149,7 +1152,7 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
   const int s = m % NS;
   const int r = t / 4, q = t % 4;
-  const bool ok = gi.idx >= 0 && gi.idx < p.kv_tokens && ws_sparse_tile(p, origin, m).tok + r < gi.lim;
+  const bool ok = gi.idx >= 0 && gi.idx < p.kv_tokens && gi.tok < gi.lim;
   if constexpr (Cfg::kSparseFp8) {
     ws_gather_record_quarter<Cfg>(p, kv_rows, ss, t, ok, gi.idx);
   } else {
@@ -1187,7 +1190,7 @@ __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& 
   const uint32_t src = smem_addr(ss.records) + r * R;
   const uint32_t dst = smem_addr(ss.kv[s]) + r * 128;
   auto chunk_addr = [&](int c) { return dst + (c / 8) * (BN * 128) + (((c % 8) ^ (r % 8)) << 4); };
-  const float scale = ld_shared_f32(src + 512 + 4 * q);
+  const float scale = ld_shared_f32(smem_addr(ss.scales[t]) + 4 * q);
   auto cvt = [&](uint32_t w) {  // the two e4m3 of w's low 16 bits, scaled, as bf16x2
     const float2 f = e4m3x2_to_float2(w);
     return ElemTraits<cutlass::bfloat16_t>::pack2(f.x * scale, f.y * scale);
@@ -1377,7 +1380,7 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
 
   // Sparse: the gathering threads' next index (tile 0's gathered at once, 1 .. NS - 1 once WG0 has
   // its first Q, as the TMA producer does).
-  WsGatherIndex gi{-1, 0};
+  WsGatherIndex gi{-1, 0, 0};
   const int origin = Cfg::kSparse ? ws_walk_origin(p) : 0;
   // FP8 records: tile 0 de-quantized and tile 1 gathered before the loop (which de-quantizes tile
   // n + 1 and gathers n + 2 before its P V(n)).
