@@ -56,5 +56,7 @@ __device__ __forceinline__ void trace_latest(unsigned long long* table, int even
 extern "C" {
 __device__ unsigned long long mla_jit_trace_splitkv[mla_jit::kTraceCtas * mla_jit::kTraceEvents];
 __device__ unsigned long long mla_jit_trace_combine[mla_jit::kTraceCtas * mla_jit::kTraceEvents];
+// Per-tile %clock64 rows of the ws kernel's sparse mode (decode/splitkv_ws.cuh: WsPhaseTrace).
+__device__ unsigned long long mla_jit_trace_phases[mla_jit::kTraceCtas * mla_jit::kTraceEvents];
 }
 #endif

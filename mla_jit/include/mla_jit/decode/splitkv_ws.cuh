@@ -165,6 +165,22 @@ struct WsCursor {
   }
 };
 
+// Sparse, built with MLA_JIT_TRACE: %clock64 at 8 points of tiles kFirstTile .. + kTiles of each
+// CTA, a row per (CTA, tile) of mla_jit_trace_phases (bench/trace_ws_sparse.py reads them).
+// WG0's thread 0: 0 before the wait for the tile, 1 after it, 2 S done, 3 P published. Thread 128
+// (P V, its loop's tile n): 4 past the named barrier, 5 tile n + 1 de-quantized (FP8 records),
+// 6 P(n) arrived, 7 P V(n) and the work beside it done.
+struct WsPhaseTrace {
+  static constexpr int kFirstTile = 8, kTiles = 8;
+  __device__ __forceinline__ static void mark(int n, int event) {
+#ifdef MLA_JIT_TRACE
+    const int cta = int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+    if (n >= kFirstTile && n < kFirstTile + kTiles && cta < kTraceCtas / kTiles)
+      mla_jit_trace_phases[(cta * kTiles + n - kFirstTile) * kTraceEvents + event] = clock64();
+#endif
+  }
+};
+
 // Sparse: every row of the batch has topk tokens (seqlens of the walks).
 struct WsFixedLengths {
   int L;
@@ -795,8 +811,10 @@ __device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSo
   const int tw = ws_opaque(threadIdx.x % 128);
   const int stage = n % NS;
   Element* kv = ss.kv[stage];
+  if (Cfg::kSparse && tw == 0) WsPhaseTrace::mark(n, 0);
   // KV_FP8: the P V warpgroups de-quantized the tile (tail rows zeroed there).
   mbarrier_wait(Cfg::kDequantInPv ? &ss.kv_ready[stage] : &ss.full[stage], (n / NS) & 1);
+  if (Cfg::kSparse && tw == 0) WsPhaseTrace::mark(n, 1);
   // bf16 rows: the gather's cp.async bytes (generic proxy) are read by wgmma (async proxy).
   if constexpr (Cfg::kSparse && !Cfg::kSparseFp8) fence_proxy_async_shared();
   if (n == 0 && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceTile0);
@@ -1049,6 +1067,7 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, Lens
     const int stage = n % NS;
 
     ws_wait_s<Cfg>(ss, st, tw, unpublished);
+    if (Cfg::kSparse && tw == 0) WsPhaseTrace::mark(n, 2);
     float sc[2];  // O rescale of this tile
     ws_softmax<Cfg>(p, st, row0, col_lane, sc, Cfg::kDescaled ? fp8_scale_log2 : p.scale_log2,
                     ss.tile_valid + (Cfg::kSparse ? 2 * (n % Cfg::kFlagSlots) : 0));
@@ -1066,6 +1085,7 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, Lens
     // KV_FP8: every P at once. The P V warpgroups de-quantize tile n + 1 before P V(n), and
     // S(n + 1) waits for that: P(n) held back until S(n + 1) started would serialize the three.
     if (last || Cfg::kDequantInPv) ws_publish_p<Cfg>(ss, tw, stage);
+    if (Cfg::kSparse && tw == 0) WsPhaseTrace::mark(n, 3);
     if (last) {
       if constexpr (!Cfg::kFusedCombine) {
         if ((tw & 3) == 0) ws_store_lse<Cfg>(p, st, row0, lse2);
@@ -1105,7 +1125,17 @@ __device__ __forceinline__ WsSparseTile ws_sparse_tile(const DecodeParams& p, in
   return {q, (t - q * tiles_per_row) * 64};
 }
 
-// The index of gathering thread t's token (t / 4) in tile m (-1 past topk: not loaded), its
+// Gathering thread t's token r of a tile and its quarter q (of the token's chunks or record): warp w
+// takes tokens 8 w .. 8 w + 7, lane l token 8 w + l % 8 and quarter l / 8. The 8 threads of each
+// phase of a 16-byte shared access are then 8 tokens at the same quarter, which the SW128 rows
+// (and the 656-byte record rows, 41 units apart) put in 8 distinct bank groups: with 4 threads a
+// token (t / 4), a phase was 2 tokens x 4 quarters, 4 threads on one bank group.
+struct WsGatherSlot {
+  int r, q;
+};
+__device__ __forceinline__ WsGatherSlot ws_gather_slot(int t) { return {(t & 7) | ((t >> 5) << 3), (t >> 3) & 3}; }
+
+// The index of gathering thread t's token (ws_gather_slot) in tile m (-1 past topk: not loaded), its
 // position in the row and the row's token limit (topk_length, at most topk): loaded a tile ahead of
 // the gather, so that their round trip overlaps a tile's work (and the gather divides nothing).
 struct WsGatherIndex {
@@ -1116,25 +1146,26 @@ __device__ __forceinline__ void ws_load_index(const DecodeParams& p, int origin,
                                               WsGatherIndex& gi) {
   if (m >= num_tiles) return;
   const WsSparseTile tile = ws_sparse_tile(p, origin, m);
-  gi.tok = tile.tok + t / 4;
+  gi.tok = tile.tok + ws_gather_slot(t).r;
   gi.idx = gi.tok < p.topk ? __ldg(p.block_table + (long long)tile.bi * p.block_table_stride + gi.tok) : -1;
   gi.lim = p.topk_length != nullptr ? __ldg(p.topk_length + tile.bi / p.lse_fold) : p.topk;
 }
 
-// Tile m's tokens into stage m % NS by the 256 gathering threads (4 a token, kGatherChunks
+// Tile m's tokens into stage m % NS by the 256 gathering threads (4 a token, ws_gather_slot; kGatherChunks
 // 16-byte chunks each, in the TMA's SW128 layout: chunk c of a row is unit c % 8 of 64-column slab
 // c / 8). An invalid token (index -1 or past the rows, or past topk_length) is zero-filled, never
 // read, and its valid bit is 0. Each thread's cp.asyncs arrive on full[s] when they land; lane 0
 // of each warp writes its 8 tokens' valid bits and arrives after them (full: 256 + 8 arrivals).
-// FP8 records: thread t copies (and later de-quantizes) quarter t % 4 of record t / 4 into the
-// record slot: its 128 e4m3 bytes, its own copy of the 4 scales and 32 bytes of the rope. The thread reads back only
-// what it wrote, so its own cp.async wait orders the two (no barrier), and its next gather follows
-// its de-quantization in program order. Invalid tokens are zero-filled (scale 0: a zero row).
+// FP8 records: thread t copies (and later de-quantizes) quarter q of record r (ws_gather_slot) into
+// the record slot: its 128 e4m3 bytes, its own copy of the 4 scales and 32 bytes of the rope. The
+// thread reads back only what it wrote, so its own cp.async wait orders the two (no barrier), and
+// its next gather follows its de-quantization in program order. Invalid tokens are zero-filled
+// (scale 0: a zero row).
 template <typename Cfg>
 __device__ __forceinline__ void ws_gather_record_quarter(const DecodeParams& p, const void* cache,
                                                          typename Cfg::SharedStorage& ss, int t, bool ok, int idx) {
   constexpr int R = Cfg::kRecordBytes;
-  const int r = t / 4, q = t % 4;
+  const auto [r, q] = ws_gather_slot(t);
   const char* src = reinterpret_cast<const char*>(cache);
   if (ok) src += (long long)(idx / Cfg::PAGE_SIZE) * p.kv_block_stride + (idx % Cfg::PAGE_SIZE) * R;
   const uint32_t dst = smem_addr(ss.records) + r * R;
@@ -1151,7 +1182,7 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
                                                const WsGatherIndex& gi) {
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
   const int s = m % NS;
-  const int r = t / 4, q = t % 4;
+  const auto [r, q] = ws_gather_slot(t);
   const bool ok = gi.idx >= 0 && gi.idx < p.kv_tokens && gi.tok < gi.lim;
   if constexpr (Cfg::kSparseFp8) {
     ws_gather_record_quarter<Cfg>(p, kv_rows, ss, t, ok, gi.idx);
@@ -1165,11 +1196,8 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
     }
     cp_async_mbarrier_arrive_noinc(&ss.full[s]);
   }
-  // Lane 4 i holds token 8 w + i's flag (its quad agrees): bits 0, 4, .., 28 into one byte.
-  unsigned bits = __ballot_sync(0xffffffffu, ok) & 0x11111111u;
-  bits = (bits | (bits >> 3)) & 0x03030303u;
-  bits = (bits | (bits >> 6)) & 0x000f000fu;
-  bits = (bits | (bits >> 12)) & 0xffu;
+  // Lanes 0-7 hold tokens 8 w .. 8 w + 7 (quarter 0; the other quarters agree).
+  const unsigned bits = __ballot_sync(0xffffffffu, ok) & 0xffu;
   if (t % 32 == 0) {
     reinterpret_cast<unsigned char*>(ss.tile_valid + 2 * (m % Cfg::kFlagSlots))[t / 32] = (unsigned char)bits;
     // (FP8 records: published with the de-quantized stage, on kv_ready)
@@ -1185,7 +1213,8 @@ template <typename Cfg>
 __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& ss, int m, int t) {
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES, R = Cfg::kRecordBytes;
   const int s = m % NS;
-  const int r = t / 4, q = t % 4;
+  const WsGatherSlot slot = ws_gather_slot(t);
+  const int r = slot.r, q = slot.q;
   cp_async_wait_all();
   const uint32_t src = smem_addr(ss.records) + r * R;
   const uint32_t dst = smem_addr(ss.kv[s]) + r * 128;
@@ -1247,7 +1276,7 @@ __device__ __forceinline__ void ws_release_stage(typename Cfg::SharedStorage& ss
 template <typename Cfg, typename TiledMmaO, typename FragO, typename During>
 __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss, TiledMmaO& mma_o, FragO& tOrO,
                                                  int stage, uint32_t phase, bool fresh, int half, int tid_wg,
-                                                 int lane, int row0, int vt_buf, During&& during) {
+                                                 int lane, int row0, int vt_buf, During&& during, int tile) {
   using Element = typename Cfg::Element;
   constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
   Element* kv = ss.kv[stage];
@@ -1262,6 +1291,7 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
   } else {
     v_half = kv + half * (DV / 2) * BN;
     mbarrier_wait(&ss.p_full[stage], phase);
+    if (Cfg::kSparse && tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 6);
     // Complete already (WG0 waited it): TMA bytes visible. KV_FP8: not waited (ws_dequant_tile did;
     // the slot may already hold tile n + NS, its barrier a phase further on, the parity back).
     if constexpr (!Cfg::kDequantInPv) mbarrier_wait(&ss.full[stage], phase);
@@ -1285,6 +1315,7 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
 
   cute::warpgroup_wait<0>();
   cute::warpgroup_fence_operand(tOrO);
+  if (Cfg::kSparse && tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 7);
   // Read the rest of stage s's slots before releasing the stage.
   const WsTileInfo info = ss.info[stage];
   if constexpr (Cfg::kFp8) {
@@ -1450,13 +1481,16 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
       // tile n + 2's records into the slot (each thread's own quarter: read back just before).
       if (n + 1 < num_tiles) {
         if (n > 0) named_barrier_sync(kBarDequant, 256);
+        if (tid == 128) WsPhaseTrace::mark(n, 4);
         const int t = ws_opaque(tid) - 128;
         ws_dequant_records<Cfg>(ss, n + 1, t);
+        if (tid == 128) WsPhaseTrace::mark(n, 5);
       }
     } else if constexpr (Cfg::kSparse) {
       // Both P V warpgroups are past P V(n - 1) (named barrier): its stage takes tile n - 1 + NS.
       if (n > 0 && n - 1 + NS < num_tiles) {
         named_barrier_sync(kBarDequant, 256);
+        if (tid == 128) WsPhaseTrace::mark(n, 4);
         const int t = ws_opaque(tid) - 128;
         ws_gather_tile<Cfg>(p, kv_rows, ss, origin, n - 1 + NS, t, gi);
         ws_load_index<Cfg>(p, origin, n + NS, num_tiles, t, gi);
@@ -1481,7 +1515,7 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
       }
     };
     const WsTileInfo info =
-        ws_pv_tile<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tw, tw % 32, row0, n & 1, during_pv);
+        ws_pv_tile<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tw, tw % 32, row0, n & 1, during_pv, n);
     if (info.last) ws_store_o<Cfg>(p, ss, tOrO, info, half, row0, col_lane, tid);
     fresh = info.last;
     if (++stage == NS) {
