@@ -85,3 +85,15 @@ def make_fp8_inputs(case: DecodeCase, seed: int = 0, q_gain: float = 10.0):
     k8 = (k_cache / descale_k).to(torch.float8_e4m3fn)
     k8.view(torch.uint8)[nan] = E4M3_NAN
     return q8, k8, block_table, lens, descale_q, descale_k
+
+
+def env_grid_ids(grid) -> list[str]:
+    """Test ids of a (case, api, env) grid: the case, the schedule API and the env values ("auto": none)."""
+    return [f"{case}-{api}-{'-'.join(env.values()) or 'auto'}" for case, api, env in grid]
+
+
+def set_env(monkeypatch, env: dict) -> None:
+    """A grid row's env vars, for the test's duration."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+

@@ -5,7 +5,7 @@ import torch
 
 import mla_jit
 
-from .decode_inputs import DecodeCase, case_seed, make_fp8_inputs
+from .decode_inputs import DecodeCase, case_seed, env_grid_ids, make_fp8_inputs, set_env
 from .decode_reference import mla_decode_reference
 from .test_gpu_decode import _capture_replays_eager, _run
 
@@ -132,10 +132,9 @@ _FP8_GRID = [
 
 
 @pytest.mark.parametrize("case,api,env", _FP8_GRID,
-                         ids=[f"{case}-{api}-{'-'.join(env.values()) or 'auto'}" for case, api, env in _FP8_GRID])
+                         ids=env_grid_ids(_FP8_GRID))
 def test_fp8_decode_matches_reference(case, api, env, monkeypatch):
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    set_env(monkeypatch, env)
     _check_fp8(case, api)
 
 

@@ -21,7 +21,7 @@ import torch
 
 import mla_jit
 
-from .decode_inputs import DecodeCase, case_seed, make_fp8_inputs, make_inputs
+from .decode_inputs import DecodeCase, case_seed, env_grid_ids, make_fp8_inputs, make_inputs, set_env
 from .decode_reference import mla_decode_reference
 from .test_gpu_decode import _capture_replays_eager, _run
 from .test_gpu_decode_fp8 import _fp8_v_max
@@ -116,10 +116,9 @@ _GRID = [
 
 
 @pytest.mark.parametrize("case,api,env", _GRID,
-                         ids=[f"{case}-{api}-{'-'.join(env.values()) or 'auto'}" for case, api, env in _GRID])
+                         ids=env_grid_ids(_GRID))
 def test_16bit_q_over_fp8_cache_matches_reference(case, api, env, monkeypatch):
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    set_env(monkeypatch, env)
     _check(case, api)
 
 

@@ -102,7 +102,7 @@
 // (a decode's b * s_q, a prefill's s_q tokens), each walking its topk indices (block_table) in
 // 64-token tiles; the walk is one contiguous run of (row, tile) pairs from the metadata's origin, so
 // the P V warpgroups find any tile's indices by arithmetic. No TMA producer: the 256 P V threads
-// gather each tile with cp.async (4 threads a token), invalid tokens (index -1 or past the cache,
+// gather each tile with cp.async (4 threads a token, ws_gather_slot), invalid tokens (index -1 or past the cache,
 // past topk_length) zero-filled and never read, and write a valid bit per token (tile_valid) that
 // WG0 uses to mask S. m_run is the exact running max (no lazy rescaling: it is max_logits), and the
 // attention sink is folded into the last tile's 1/l when a row has a single split. The combine
@@ -112,8 +112,8 @@
 //   FP8 records (1): 2 bf16 stages and one 45 KB record slot. Each thread gathers a quarter record
 //   (128 e4m3, a copy of the 4 scales, 32 rope bytes) into the slot and later de-quantizes exactly
 //   that quarter into the stage (its own cp.async wait orders the two: no barrier), fences, and its
-//   warp arrives on kv_ready[s]. Per tile n: [named barrier 6: P V(n - 1) done] de-quantize tile n + 1 ->
-//   P V(n), and while its wgmma runs the gather of tile n + 2 and the index of n + 3.
+//   warp arrives on kv_ready[s]. Per tile n: [named barrier 6: P V(n - 1) done] de-quantize tile
+//   n + 1 -> P V(n), and while its wgmma runs the gather of tile n + 2 and the index of n + 3.
 //
 // Code: mla_splitkv_ws_body (barrier setup, role dispatch, the fused combine's step 2) runs
 // ws_softmax_warpgroup in WG0 (per piece ws_load_q; per tile ws_issue_s, ws_wait_s, ws_softmax,
@@ -427,7 +427,7 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   static_assert(!kSparse || (cute::is_same_v<Element, cutlass::bfloat16_t> && !KV_FP8_ && !FUSED_COMBINE_ &&
                              CLUSTER_M_ == 1 && (kSparseFp8 || PAGE_SIZE_ == 64)),
                 "sparse: bf16, the combine kernel, no cluster; bf16 rows have no pages (PAGE_SIZE 64 stands in)");
-  static_assert(!kSparseFp8 || (HEAD_DIM_ == 576 && NUM_STAGES_ == 2), "FP8 records: d 576, 2 stages and a landing slot");
+  static_assert(!kSparseFp8 || (HEAD_DIM_ == 576 && NUM_STAGES_ == 2), "FP8 records: d 576, 2 stages, a record slot");
   // The P V warpgroups de-quantize each tile into its 16-bit stage and announce it on kv_ready.
   static constexpr bool kDequantInPv = kKvFp8 || kSparseFp8;
   // FlashMLA's V3.2 FP8 record of a token: 512 e4m3, 4 float32 scales (one per 128 values), 64 bf16.
@@ -1136,8 +1136,8 @@ struct WsGatherSlot {
 __device__ __forceinline__ WsGatherSlot ws_gather_slot(int t) { return {(t & 7) | ((t >> 5) << 3), (t >> 3) & 3}; }
 
 // The index of gathering thread t's token (ws_gather_slot) in tile m (-1 past topk: not loaded), its
-// position in the row and the row's token limit (topk_length, at most topk): loaded a tile ahead of
-// the gather, so that their round trip overlaps a tile's work (and the gather divides nothing).
+// position in the row and the row's token limit (topk_length, else topk): loaded a tile ahead of the
+// gather, so that their round trip overlaps a tile's work (and the gather divides nothing).
 struct WsGatherIndex {
   int idx, tok, lim;
 };
@@ -1151,10 +1151,9 @@ __device__ __forceinline__ void ws_load_index(const DecodeParams& p, int origin,
   gi.lim = p.topk_length != nullptr ? __ldg(p.topk_length + tile.bi / p.lse_fold) : p.topk;
 }
 
-// Tile m's tokens into stage m % NS by the 256 gathering threads (4 a token, ws_gather_slot; kGatherChunks
-// 16-byte chunks each, in the TMA's SW128 layout: chunk c of a row is unit c % 8 of 64-column slab
-// c / 8). An invalid token (index -1 or past the rows, or past topk_length) is zero-filled, never
-// read, and its valid bit is 0. Each thread's cp.asyncs arrive on full[s] when they land; lane 0
+// Tile m's tokens into stage m % NS by the 256 gathering threads (4 a token, ws_gather_slot;
+// kGatherChunks 16-byte chunks each, in the TMA's SW128 layout, sw128_offset). An invalid token
+// (index -1 or past the rows, or past topk_length) is zero-filled, never read, and its valid bit is 0. Each thread's cp.asyncs arrive on full[s] when they land; lane 0
 // of each warp writes its 8 tokens' valid bits and arrives after them (full: 256 + 8 arrivals).
 // FP8 records: thread t copies (and later de-quantizes) quarter q of record r (ws_gather_slot) into
 // the record slot: its 128 e4m3 bytes, its own copy of the 4 scales and 32 bytes of the rope. The
@@ -1188,11 +1187,11 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
     ws_gather_record_quarter<Cfg>(p, kv_rows, ss, t, ok, gi.idx);
   } else {
     const char* src = reinterpret_cast<const char*>(kv_rows) + (ok ? (long long)gi.idx * p.kv_block_stride : 0);
-    const uint32_t dst = smem_addr(ss.kv[s]) + r * 128;
+    const uint32_t dst = smem_addr(ss.kv[s]);
 #pragma unroll
     for (int j = 0; j < Cfg::kGatherChunks; ++j) {
-      const int c = q + 4 * j;
-      cp_async_16(dst + (c / 8) * (BN * 128) + (((c % 8) ^ (r % 8)) << 4), src + c * 16, ok);
+      const int c = q + 4 * j;  // 16-byte chunk: columns 8 c .. 8 c + 7
+      cp_async_16(dst + sw128_offset<BN>(r, 8 * c), src + c * 16, ok);
     }
     cp_async_mbarrier_arrive_noinc(&ss.full[s]);
   }
@@ -1217,8 +1216,8 @@ __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& 
   const int r = slot.r, q = slot.q;
   cp_async_wait_all();
   const uint32_t src = smem_addr(ss.records) + r * R;
-  const uint32_t dst = smem_addr(ss.kv[s]) + r * 128;
-  auto chunk_addr = [&](int c) { return dst + (c / 8) * (BN * 128) + (((c % 8) ^ (r % 8)) << 4); };
+  const uint32_t dst = smem_addr(ss.kv[s]);
+  auto chunk_addr = [&](int c) { return dst + sw128_offset<BN>(r, 8 * c); };  // columns 8 c .. 8 c + 7
   const float scale = ld_shared_f32(smem_addr(ss.scales[t]) + 4 * q);
   auto cvt = [&](uint32_t w) {  // the two e4m3 of w's low 16 bits, scaled, as bf16x2
     const float2 f = e4m3x2_to_float2(w);
@@ -1414,7 +1413,7 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
   WsGatherIndex gi{-1, 0, 0};
   const int origin = Cfg::kSparse ? ws_walk_origin(p) : 0;
   // FP8 records: tile 0 de-quantized and tile 1 gathered before the loop (which de-quantizes tile
-  // n + 1 and gathers n + 2 before its P V(n)).
+  // n + 1 before its P V(n) and gathers n + 2 beside it).
   if constexpr (Cfg::kSparse) {
     ws_load_index<Cfg>(p, origin, 0, num_tiles, tid - 128, gi);
     if (num_tiles > 0) ws_gather_tile<Cfg>(p, kv_rows, ss, origin, 0, tid - 128, gi);
