@@ -2,6 +2,7 @@
 # Hardware counters of the split-KV kernels for a few decode shapes (needs ncu on the GPU machine).
 # Usage: scripts/ncu_run.sh "B S_Q S_K H_Q [--arch A] [--schedule S]" ...   (one quoted case per arg)
 # Prefill: NCU_SCRIPT=bench/profile_prefill.py NCU_KERNEL=prefill scripts/ncu_run.sh "B S H [--arch A]"
+# Indexer: NCU_SCRIPT=bench/profile_indexer.py NCU_KERNEL=indexer_logits scripts/ncu_run.sh "SEQ KV"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mla_jit_out}
@@ -24,8 +25,11 @@ for case in "$@"; do
   script=${NCU_SCRIPT:-bench/profile_kernels.py}
   python3 "$script" $case >/dev/null 2>&1  # compile + warm the cache outside ncu
   echo "=== case $n: $case"
+  # NCU_SOURCE=1: also the per-instruction stall samples (SourceCounters), as CSV in $OUT/src_N.csv.
   timeout 300 ncu --clock-control none -k "regex:${NCU_KERNEL:-splitkv}" --launch-skip 2 --launch-count 1 \
-    --section WarpStateStats --section SchedulerStats --metrics "$metrics" \
-    python3 "$script" $case 2>&1 | tee "$OUT/ncu_$n.txt" \
+    --section WarpStateStats --section SchedulerStats ${NCU_SOURCE:+--section SourceCounters} \
+    --metrics "$metrics" -f -o "$OUT/ncu_$n" python3 "$script" $case >/dev/null 2>&1
+  ncu -i "$OUT/ncu_$n.ncu-rep" --page details 2>&1 | tee "$OUT/ncu_$n.txt" \
     | grep -E "pct|sum|hit_rate|stalled|Warp Cycles|Issued Warp|No Eligible|Eligible" | grep -vE " 0(\.0+)?$" | head -45
+  [ -n "${NCU_SOURCE:-}" ] && ncu -i "$OUT/ncu_$n.ncu-rep" --page source --csv --print-source sass >"$OUT/src_$n.csv" 2>&1
 done

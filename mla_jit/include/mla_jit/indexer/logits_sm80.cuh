@@ -109,7 +109,7 @@ __device__ __forceinline__ void logits_sm80_body(const LogitsSm80Params& pp) {
   tile.init(tid / 32);
   const int units = detail::num_units(p);
 #pragma unroll 1
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+  for (int k = 0, u = detail::cta_unit(0); u < units; u = detail::cta_unit(++k)) {
     const detail::Unit un = detail::unit_of<Cfg::UNIT_Q>(p, u, lane);
     if (un.n_tiles > 0) detail::logits_sm80_unit<Cfg>(ss, pp, un, tile, tid, lane);
   }

@@ -60,15 +60,27 @@ struct ScoreMma {
   using TiledMma = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Fp8, Fp8, float, cute::Shape<cute::Int<kTileKeys>, cute::Int<N>, cute::Int<D>>>()));
 
-  template <typename Frag>
-  static __device__ __forceinline__ void issue(const Fp8* k_tile, const Fp8* q_tile, int tw, Frag& acc) {
+  // A warpgroup's wgmma descriptor fragments of a K tile / a Q tile in shared memory. A K tile
+  // kStageDesc descriptor units (16 bytes) further is k_frag advanced by that much (k_stage): the
+  // kernels build their ring's fragment once instead of per tile.
+  static constexpr uint32_t kStageDesc = kTileKeys * D / 16;
+  static __device__ __forceinline__ auto k_frag(const Fp8* k_tile, int tw) {
+    using namespace cute;
+    return TiledMma{}.get_thread_slice(tw).partition_fragment_A(make_tensor(make_smem_ptr(k_tile), SmemLayoutK{}));
+  }
+  static __device__ __forceinline__ auto q_frag(const Fp8* q_tile, int tw) {
+    using namespace cute;
+    return TiledMma{}.get_thread_slice(tw).partition_fragment_B(make_tensor(make_smem_ptr(q_tile), SmemLayoutQ{}));
+  }
+  template <typename FragK>
+  static __device__ __forceinline__ auto k_stage(const FragK& k0, int stage) {
+    return cute::make_tensor(k0.data() + uint32_t(stage) * kStageDesc, k0.layout());
+  }
+
+  template <typename FragK, typename FragQ, typename Frag>
+  static __device__ __forceinline__ void issue(const FragK& tK, const FragQ& tQ, Frag& acc) {
     using namespace cute;
     TiledMma mma;
-    auto thr = mma.get_thread_slice(tw);
-    Tensor sK = make_tensor(make_smem_ptr(k_tile), SmemLayoutK{});
-    Tensor sQ = make_tensor(make_smem_ptr(q_tile), SmemLayoutQ{});
-    Tensor tK = thr.partition_fragment_A(sK);
-    Tensor tQ = thr.partition_fragment_B(sQ);
     warpgroup_fence_operand(acc);
     warpgroup_arrive();
     mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -79,6 +91,11 @@ struct ScoreMma {
     }
     warpgroup_commit_batch();
     warpgroup_fence_operand(acc);
+  }
+
+  template <typename Frag>
+  static __device__ __forceinline__ void issue(const Fp8* k_tile, const Fp8* q_tile, int tw, Frag& acc) {
+    issue(k_frag(k_tile, tw), q_frag(q_tile, tw), acc);
   }
 
   static __device__ __forceinline__ auto make_acc() {
@@ -131,7 +148,7 @@ __device__ __forceinline__ void producer(typename Cfg::SharedStorage& ss, const 
   uint32_t q_iter = 0, kv_iter = 0;
   const int units = num_units(p);
 #pragma unroll 1
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+  for (int k = 0, u = cta_unit(0); u < units; u = cta_unit(++k)) {
     const Unit w = unit_of<Cfg::UNIT_Q>(p, u, lane);
     if (w.n_tiles == 0) continue;
     const int x = q_iter & 1;
@@ -166,25 +183,63 @@ __device__ __forceinline__ void producer(typename Cfg::SharedStorage& ss, const 
   }
 }
 
-// A math warpgroup's view of its unit: the head weights of its columns, its Q slot and first row.
-// A lane stores rows row0 + Sum::out_token(m, lane) (BLOCK_Q is even, so every lane owns its
-// values; rows past m lie in the buffer's row padding: written, never read).
+// A math warpgroup's view of its unit: the head weights of its columns and, for each value m a
+// lane stores (its warpgroup's row Sum::out_token(m, lane); BLOCK_Q is even, so every lane owns
+// its values; rows past m lie in the buffer's row padding: written, never read), the row's start
+// in the logits and its key range [ks, ks + len). Held in registers where a lane has at most 2
+// values (32 and 64 heads); with 8 and 16 heads (8 and 4 values, whose registers would spill) only
+// value 0's row is, the rest comes from the row below and shared memory per tile.
 template <typename Cfg>
 struct MathUnit {
-  float w[Cfg::Sum::kWeights];
-  int row0, x, wg;
+  using Sum = typename Cfg::Sum;
+  static constexpr bool kRowsInRegs = Sum::kOut <= 2;
+  static constexpr int kRows = kRowsInRegs ? Sum::kOut : 1;
+  float w[Sum::kWeights];
+  float* row[kRows];
+  int ks[kRows], len[kRows];
+  int x, wg;
+};
+
+struct UnitRow {
+  float* row;
+  int ks, len;
 };
 
 template <typename Cfg>
-__device__ __forceinline__ void load_math_unit(const typename Cfg::SharedStorage& ss, const Unit& w, int x, int wg,
-                                               int lane, MathUnit<Cfg>& mu) {
+__device__ __forceinline__ UnitRow unit_row_smem(const typename Cfg::SharedStorage& ss, int x, int wg, float* row,
+                                                 int m, int lane) {
+  const int q = wg * Cfg::BLOCK_Q + Cfg::Sum::out_token(m, lane);
+  const int ks = ss.ks[x][q];
+  return {row, ks, max(ss.ke[x][q] - ks, 0)};
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void load_math_unit(const typename Cfg::SharedStorage& ss, const LogitsParams& p,
+                                               const Unit& w, int x, int wg, int lane, MathUnit<Cfg>& mu) {
   using Sum = typename Cfg::Sum;
   static_assert(Sum::Q == Cfg::BLOCK_Q && Sum::Q % 2 == 0, "every lane owns its values");
 #pragma unroll
   for (int i = 0; i < Sum::kWeights; ++i) mu.w[i] = ss.weights[x][wg * Cfg::N + Sum::weight_column(i, lane)];
-  mu.row0 = w.qb * Cfg::UNIT_Q + wg * Cfg::BLOCK_Q;
   mu.x = x;
   mu.wg = wg;
+  float* row0 = p.logits + (w.qb * Cfg::UNIT_Q + wg * Cfg::BLOCK_Q + Sum::out_token(0, lane)) * p.stride;
+#pragma unroll
+  for (int m = 0; m < MathUnit<Cfg>::kRows; ++m) {
+    const UnitRow r = unit_row_smem<Cfg>(ss, x, wg, row0 + 2 * m * p.stride, m, lane);   // (out_token: 2 m + ..)
+    mu.row[m] = r.row;
+    mu.ks[m] = r.ks;
+    mu.len[m] = r.len;
+  }
+}
+
+template <typename Cfg>
+__device__ __forceinline__ UnitRow unit_row(const typename Cfg::SharedStorage& ss, const LogitsParams& p,
+                                            const MathUnit<Cfg>& mu, int m, int lane) {
+  if constexpr (MathUnit<Cfg>::kRowsInRegs) {
+    return {mu.row[m], mu.ks[m], mu.len[m]};
+  } else {
+    return unit_row_smem<Cfg>(ss, mu.x, mu.wg, mu.row[0] + 2 * m * p.stride, m, lane);
+  }
 }
 
 // Tile i of the unit (the CTA's g-th): its stage is full; sum the accumulator, release the stage,
@@ -204,25 +259,22 @@ __device__ __forceinline__ void finish_tile(typename Cfg::SharedStorage& ss, con
   const int key = key0 + row_in_tile + 8 * Sum::out_half(lane);
 #pragma unroll
   for (int m = 0; m < Sum::kOut; ++m) {
-    const int q = Sum::out_token(m, lane);
-    float* row = p.logits + (mu.row0 + q) * p.stride;
-    const int ks = ss.ks[mu.x][mu.wg * Cfg::BLOCK_Q + q];
+    const UnitRow r = unit_row<Cfg>(ss, p, mu, m, lane);
+    const int rel = key - r.ks;
     if (p.max_seqlen_k > 0) {
-      const int col = key - ks;
-      if (col >= 0 && col < p.max_seqlen_k) row[col] = out[m];
+      if (unsigned(rel) < unsigned(p.max_seqlen_k)) r.row[rel] = out[m];
     } else {
-      const bool seen = key >= ks && key < ss.ke[mu.x][mu.wg * Cfg::BLOCK_Q + q];
-      row[key] = (p.clean && !seen) ? kNegInf : out[m];
+      r.row[key] = (p.clean && unsigned(rel) >= unsigned(r.len)) ? kNegInf : out[m];
     }
   }
 }
 
-template <typename Cfg, typename Frag>
-__device__ __forceinline__ void wait_and_issue(typename Cfg::SharedStorage& ss, int x, int wg, uint32_t g, int tw,
-                                               Frag& acc) {
+template <typename Cfg, typename FragK, typename FragQ, typename Frag>
+__device__ __forceinline__ void wait_and_issue(typename Cfg::SharedStorage& ss, const FragK& k0, const FragQ& tq,
+                                               uint32_t g, Frag& acc) {
   const int s = g % Cfg::NUM_STAGES;
   mbarrier_wait(&ss.k_full[s], (g / Cfg::NUM_STAGES) & 1);
-  Cfg::Mma::issue(ss.k[s], ss.q[x][wg], tw, acc);
+  Cfg::Mma::issue(Cfg::Mma::k_stage(k0, s), tq, acc);
 }
 
 template <typename Cfg>
@@ -230,20 +282,23 @@ __device__ __forceinline__ void math(typename Cfg::SharedStorage& ss, const Logi
   const int tw = threadIdx.x % 128, warp = tw / 32, lane = tw % 32;
   auto acc0 = Cfg::Mma::make_acc();
   auto acc1 = Cfg::Mma::make_acc();
+  const auto k0 = Cfg::Mma::k_frag(ss.k[0], tw);   // the K ring's stage 0
+  static_assert(sizeof(ss.k[0]) == Cfg::Mma::kStageDesc * 16, "K stages kStageDesc descriptor units apart");
   MathUnit<Cfg> mu;
   uint32_t q_iter = 0, kv_iter = 0;
   const int units = num_units(p);
 #pragma unroll 1
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+  for (int k = 0, u = cta_unit(0); u < units; u = cta_unit(++k)) {
     const Unit w = unit_of<Cfg::UNIT_Q>(p, u, lane);
     if (w.n_tiles == 0) continue;
     const int x = q_iter & 1;
     mbarrier_wait(&ss.q_full[x], (q_iter >> 1) & 1);
-    load_math_unit<Cfg>(ss, w, x, wg, lane, mu);
+    load_math_unit<Cfg>(ss, p, w, x, wg, lane, mu);
     // Every tile of the unit, two in flight: acc0 holds tiles i (even), acc1 tiles i + 1. One
     // group (acc0's) is pending at the loop head on every path, so ptxas keeps the wgmma async.
     const int n = w.n_tiles;
-    auto issue = [&](int i, auto& acc) { wait_and_issue<Cfg>(ss, x, wg, kv_iter + i, tw, acc); };
+    const auto tq = Cfg::Mma::q_frag(ss.q[x][wg], tw);
+    auto issue = [&](int i, auto& acc) { wait_and_issue<Cfg>(ss, k0, tq, kv_iter + i, acc); };
     auto finish = [&](int i, const auto& acc) {
       finish_tile<Cfg>(ss, p, mu, w.t0 + i * kTileKeys, kv_iter + i, acc, warp, lane);
     };
