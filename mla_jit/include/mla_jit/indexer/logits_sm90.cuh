@@ -185,69 +185,66 @@ __device__ __forceinline__ void producer(typename Cfg::SharedStorage& ss, const 
 
 // A math warpgroup's view of its unit: the head weights of its columns and, for each value m a
 // lane stores (its warpgroup's row Sum::out_token(m, lane); BLOCK_Q is even, so every lane owns
-// its values; rows past m lie in the buffer's row padding: written, never read), the row's start
-// in the logits and its key range [ks, ks + len). Held in registers where a lane has at most 2
-// values (32 and 64 heads); with 8 and 16 heads (8 and 4 values, whose registers would spill) only
-// value 0's row is, the rest comes from the row below and shared memory per tile.
+// its values; rows past m lie in the buffer's row padding: written, never read), where the current
+// tile's value goes (dst: the row's column for the lane's key; compressed rows start at ks) and
+// the key's place in the row's range (rel = key - ks; the range is [ks, ks + len)), both advanced
+// by a tile per tile. Held in registers where a lane has at most 2 values (32 and 64 heads); with 8
+// and 16 heads (8 and 4 values, whose registers would spill) only value 0's, the rest from the row
+// below and shared memory per tile.
 template <typename Cfg>
 struct MathUnit {
   using Sum = typename Cfg::Sum;
   static constexpr bool kRowsInRegs = Sum::kOut <= 2;
   static constexpr int kRows = kRowsInRegs ? Sum::kOut : 1;
   float w[Sum::kWeights];
-  float* row[kRows];
-  int ks[kRows], len[kRows];
+  float* dst[kRows];
+  int rel[kRows], len[kRows];
   int x, wg;
+
+  __device__ __forceinline__ void next_tile() {
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) dst[m] += kTileKeys, rel[m] += kTileKeys;
+  }
 };
 
-struct UnitRow {
-  float* row;
-  int ks, len;
-};
-
+// Value m's ks and len from the unit's slot of shared memory.
 template <typename Cfg>
-__device__ __forceinline__ UnitRow unit_row_smem(const typename Cfg::SharedStorage& ss, int x, int wg, float* row,
-                                                 int m, int lane) {
+__device__ __forceinline__ int2 unit_range_smem(const typename Cfg::SharedStorage& ss, int x, int wg, int m, int lane) {
   const int q = wg * Cfg::BLOCK_Q + Cfg::Sum::out_token(m, lane);
   const int ks = ss.ks[x][q];
-  return {row, ks, max(ss.ke[x][q] - ks, 0)};
+  return make_int2(ks, max(ss.ke[x][q] - ks, 0));
 }
 
 template <typename Cfg>
 __device__ __forceinline__ void load_math_unit(const typename Cfg::SharedStorage& ss, const LogitsParams& p,
-                                               const Unit& w, int x, int wg, int lane, MathUnit<Cfg>& mu) {
+                                               const Unit& w, int x, int wg, int warp, int lane, MathUnit<Cfg>& mu) {
   using Sum = typename Cfg::Sum;
   static_assert(Sum::Q == Cfg::BLOCK_Q && Sum::Q % 2 == 0, "every lane owns its values");
 #pragma unroll
   for (int i = 0; i < Sum::kWeights; ++i) mu.w[i] = ss.weights[x][wg * Cfg::N + Sum::weight_column(i, lane)];
   mu.x = x;
   mu.wg = wg;
+  const int key = w.t0 + warp * 16 + lane / 4 + 8 * Sum::out_half(lane);   // the lane's key in tile 0
   float* row0 = p.logits + (w.qb * Cfg::UNIT_Q + wg * Cfg::BLOCK_Q + Sum::out_token(0, lane)) * p.stride;
-#pragma unroll
-  for (int m = 0; m < MathUnit<Cfg>::kRows; ++m) {
-    const UnitRow r = unit_row_smem<Cfg>(ss, x, wg, row0 + 2 * m * p.stride, m, lane);   // (out_token: 2 m + ..)
-    mu.row[m] = r.row;
-    mu.ks[m] = r.ks;
-    mu.len[m] = r.len;
-  }
-}
-
-template <typename Cfg>
-__device__ __forceinline__ UnitRow unit_row(const typename Cfg::SharedStorage& ss, const LogitsParams& p,
-                                            const MathUnit<Cfg>& mu, int m, int lane) {
   if constexpr (MathUnit<Cfg>::kRowsInRegs) {
-    return {mu.row[m], mu.ks[m], mu.len[m]};
-  } else {
-    return unit_row_smem<Cfg>(ss, mu.x, mu.wg, mu.row[0] + 2 * m * p.stride, m, lane);
+#pragma unroll
+    for (int m = 0; m < MathUnit<Cfg>::kRows; ++m) {
+      const int2 range = unit_range_smem<Cfg>(ss, x, wg, m, lane);
+      mu.dst[m] = row0 + 2 * m * p.stride + key - (p.max_seqlen_k > 0 ? range.x : 0);   // (out_token: 2 m + ..)
+      mu.rel[m] = key - range.x;
+      mu.len[m] = range.y;
+    }
+  } else {   // value 0's row at the key, and the key
+    mu.dst[0] = row0 + key;
+    mu.rel[0] = key;
   }
 }
 
-// Tile i of the unit (the CTA's g-th): its stage is full; sum the accumulator, release the stage,
-// store.
+// Tile i of the unit (the CTA's g-th; mu at tile i): its stage is full; sum the accumulator, release
+// the stage, store, advance mu.
 template <typename Cfg, typename Frag>
 __device__ __forceinline__ void finish_tile(typename Cfg::SharedStorage& ss, const LogitsParams& p,
-                                            const MathUnit<Cfg>& mu, int key0, uint32_t g, const Frag& acc,
-                                            int warp, int lane) {
+                                            MathUnit<Cfg>& mu, uint32_t g, const Frag& acc, int warp, int lane) {
   using Sum = typename Cfg::Sum;
   const int s = g % Cfg::NUM_STAGES;
   const int row_in_tile = warp * 16 + lane / 4;
@@ -256,17 +253,25 @@ __device__ __forceinline__ void finish_tile(typename Cfg::SharedStorage& ss, con
   if (lane == 0) mbarrier_arrive(&ss.k_empty[s]);
   float out[Sum::kOut];
   Sum::run(acc, mu.w, scale, out, lane);
-  const int key = key0 + row_in_tile + 8 * Sum::out_half(lane);
 #pragma unroll
   for (int m = 0; m < Sum::kOut; ++m) {
-    const UnitRow r = unit_row<Cfg>(ss, p, mu, m, lane);
-    const int rel = key - r.ks;
+    float* dst;
+    int rel, len;
+    if constexpr (MathUnit<Cfg>::kRowsInRegs) {
+      dst = mu.dst[m], rel = mu.rel[m], len = mu.len[m];
+    } else {   // from value 0's row and the key (see load_math_unit)
+      const int2 range = unit_range_smem<Cfg>(ss, mu.x, mu.wg, m, lane);
+      rel = mu.rel[0] - range.x;
+      len = range.y;
+      dst = mu.dst[0] + 2 * m * p.stride - (p.max_seqlen_k > 0 ? range.x : 0);
+    }
     if (p.max_seqlen_k > 0) {
-      if (unsigned(rel) < unsigned(p.max_seqlen_k)) r.row[rel] = out[m];
+      if (unsigned(rel) < unsigned(p.max_seqlen_k)) *dst = out[m];
     } else {
-      r.row[key] = (p.clean && unsigned(rel) >= unsigned(r.len)) ? kNegInf : out[m];
+      *dst = (p.clean && unsigned(rel) >= unsigned(len)) ? kNegInf : out[m];
     }
   }
+  mu.next_tile();
 }
 
 template <typename Cfg, typename FragK, typename FragQ, typename Frag>
@@ -293,15 +298,13 @@ __device__ __forceinline__ void math(typename Cfg::SharedStorage& ss, const Logi
     if (w.n_tiles == 0) continue;
     const int x = q_iter & 1;
     mbarrier_wait(&ss.q_full[x], (q_iter >> 1) & 1);
-    load_math_unit<Cfg>(ss, p, w, x, wg, lane, mu);
+    load_math_unit<Cfg>(ss, p, w, x, wg, warp, lane, mu);
     // Every tile of the unit, two in flight: acc0 holds tiles i (even), acc1 tiles i + 1. One
     // group (acc0's) is pending at the loop head on every path, so ptxas keeps the wgmma async.
     const int n = w.n_tiles;
     const auto tq = Cfg::Mma::q_frag(ss.q[x][wg], tw);
     auto issue = [&](int i, auto& acc) { wait_and_issue<Cfg>(ss, k0, tq, kv_iter + i, acc); };
-    auto finish = [&](int i, const auto& acc) {
-      finish_tile<Cfg>(ss, p, mu, w.t0 + i * kTileKeys, kv_iter + i, acc, warp, lane);
-    };
+    auto finish = [&](int i, const auto& acc) { finish_tile<Cfg>(ss, p, mu, kv_iter + i, acc, warp, lane); };
     issue(0, acc0);
     int i = 0;
 #pragma unroll 1
