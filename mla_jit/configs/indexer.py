@@ -181,6 +181,6 @@ def paged_config(heads: int, head_dim: int, next_n: int, page_size: int, arch: A
 
 def logits_chunk_keys(n_keys: int, num_q_blocks: int, num_sms: int) -> int:
     """Keys per work unit of fp8_mqa_logits: at least 4096 (few unit overheads), and fine enough that
-    each SM gets about 64 units (static round robin balances to about 1/64)."""
+    each SM gets about 64 units (the static snake order balances to about 1/64)."""
     per_unit = n_keys * num_q_blocks // (64 * max(num_sms, 1))
     return max(4096, per_unit // TILE_KEYS * TILE_KEYS)

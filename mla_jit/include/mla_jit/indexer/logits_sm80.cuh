@@ -1,6 +1,7 @@
 // mla_jit indexer, mma.sync (sm_80 / sm_86 / sm_89): fp8_mqa_logits (DeepGEMM's API), keys ragged
 // per query row. The work units and the clean pass are the sm_90a kernel's (indexer/work.cuh):
-// a q block of UNIT_Q rows x a chunk of keys, round robin over persistent CTAs.
+// a q block of UNIT_Q rows x a chunk of keys, dealt to the persistent CTAs in snake order
+// (cta_unit).
 //
 // A CTA (64 / KW key groups of KW keys x TG token groups of 64 columns; indexer/mma_sm80.cuh) takes
 // a unit: its Q tile (64 TG rows of (token, head)) into shared memory, then the unit's 64-key tiles
