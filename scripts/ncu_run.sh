@@ -31,5 +31,6 @@ for case in "$@"; do
     --metrics "$metrics" -f -o "$OUT/ncu_$n" python3 "$script" $case >/dev/null 2>&1
   ncu -i "$OUT/ncu_$n.ncu-rep" --page details 2>&1 | tee "$OUT/ncu_$n.txt" \
     | grep -E "pct|sum|hit_rate|stalled|Warp Cycles|Issued Warp|No Eligible|Eligible" | grep -vE " 0(\.0+)?$" | head -45
-  [ -n "${NCU_SOURCE:-}" ] && ncu -i "$OUT/ncu_$n.ncu-rep" --page source --csv --print-source sass >"$OUT/src_$n.csv" 2>&1
+  [ -n "${NCU_SOURCE:-}" ] && ncu -i "$OUT/ncu_$n.ncu-rep" --page source --csv --print-source sass \
+    >"$OUT/src_$n.csv" 2>&1
 done

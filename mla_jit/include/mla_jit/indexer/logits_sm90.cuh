@@ -4,8 +4,8 @@
 // Work units: a q block (UNIT_Q = 256 / H query rows: two halves of BLOCK_Q = 128 / H rows, so
 // each math warpgroup's wgmma N is BLOCK_Q * H = 128) times a chunk of chunk_keys keys; unit u =
 // q block u / num_chunks, chunk u % num_chunks, dealt to the persistent CTAs (grid <= SMs) in
-// snake order (work.cuh: cta_unit). A unit visits the 64-key tiles of its chunk that some row of its q block sees
-// ([min ks, max ke) of the block, from a 64-aligned start).
+// snake order (work.cuh: cta_unit). A unit visits the 64-key tiles of its chunk that some row of
+// its q block sees ([min ks, max ke) of the block, from a 64-aligned start).
 //
 // Roles (384 threads):
 //   warp 0 (producer): TMA of each unit's Q (two 128 x D e4m3 halves) and weights, then its K
