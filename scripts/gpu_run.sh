@@ -121,6 +121,10 @@ if [ -f bench/bench_decode.py ] && [ -z "${SKIP_FP8_DECODE_BENCH:-}" ]; then
   # and s_q 1-16 (bench_decode.py --fp8; summarized from fp8_decode.json).
   python3 bench/bench_decode.py --fp8 --json "$OUT/fp8_decode.json" 2>&1 | tee "$OUT/fp8_decode.log" | tail -n 40
 fi
+for arch in ${FP8_BENCH_ARCHS:-}; do  # e.g. "sm_80 sm_89": the mma.sync family over the FP8 cache on this GPU
+  python3 bench/bench_decode.py --fp8 --arch "$arch" ${FP8_BENCH_ARGS:-} --json "$OUT/fp8_decode_$arch.json" 2>&1 \
+    | tee "$OUT/fp8_decode_$arch.log" | tail -n 5
+done
 if [ -z "${SKIP_PREFILL_BENCH:-}" ]; then
   python3 bench/bench_prefill.py ${BENCH_AGAINST_PACKAGE:+--against-package "$BENCH_AGAINST_PACKAGE"} \
     --json "$OUT/bench_prefill.json" 2>&1 | tee "$OUT/bench_prefill.log" | tail -n 12

@@ -62,16 +62,19 @@ def _sparse_summary(out: Path) -> None:
 
 def _fp8_summary(out: Path) -> None:
     """bench_decode.py --fp8: our bf16 decode, FP8 decode and bf16 q over the FP8 cache (kv8),
-    interleaved, per row."""
-    path = out / "fp8_decode.json"
-    if not path.exists():
-        return
+    interleaved, per row (fp8_decode_<tuning>.json: the mma.sync family forced)."""
+    for path in sorted(out.glob("fp8_decode*.json")):
+        _fp8_table(path)
+
+
+def _fp8_table(path: Path) -> None:
     report = json.loads(path.read_text())
     rows = report["fp8_rows"]
     if not rows:
         return
-    print(f"FP8 decode ({report['gpu']}): b/s_q/s_k/h_q[c], bf16 us, FP8 us, bf16 / FP8, FP8 TFLOPS and GB/s "
-          "(1-byte q and cache), kv8 us, bf16 / kv8")
+    tuning = path.stem.removeprefix("fp8_decode").lstrip("_") or "native"
+    print(f"FP8 decode ({report['gpu']}, {tuning} kernels): b/s_q/s_k/h_q[c], bf16 us, FP8 us, bf16 / FP8, FP8 "
+          "TFLOPS and GB/s (1-byte q and cache), kv8 us, bf16 / kv8")
     for r in rows:
         shape = f"{r['b']}/{r['s_q']}/{r['s_k']}/{r['h_q']}{'c' if r['causal'] else ''}"
         print(f"  {shape:18s} {r['bf16_us']:8.1f} {r['us']:8.1f} {r['ratio']:6.3f} {r['tflops']:6.0f} {r['gbps']:6.0f}"

@@ -189,11 +189,13 @@ def test_fp8_decode_kernels_compile_without_spills(d, page, schedule, cluster_m,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch_name,rows", [("sm_80", 128), ("sm_80", 16), ("sm_86", 64), ("sm_89", 128),
-                                            ("sm_80@sm_90a", 128)])
-def test_sm80_family_compiles_without_spills_with_hmma_and_cp_async(arch_name, rows, cache_root, monkeypatch,
+@pytest.mark.parametrize("arch_name,rows,dtype", [("sm_80", 128, "bf16"), ("sm_80", 16, "bf16"), ("sm_86", 64, "bf16"),
+                                                  ("sm_89", 128, "bf16"), ("sm_80@sm_90a", 128, "bf16"),
+                                                  ("sm_80", 128, "e4m3"), ("sm_89", 16, "e4m3")])
+def test_sm80_family_compiles_without_spills_with_hmma_and_cp_async(arch_name, rows, dtype, cache_root, monkeypatch,
                                                                       tmp_path):
-    """tuning[@target]: sm_80@sm_90a is the family as the GPU tests run it on a Hopper GPU."""
+    """tuning[@target]: sm_80@sm_90a is the family as the GPU tests run it on a Hopper GPU. e4m3 (q and
+    cache): fp16 MMAs, the cache converted by bit arithmetic (sm_80) or by the cvt (sm_89: F2FP)."""
 
     from mla_jit.configs.decode import sm80_decode_config
     from mla_jit.jit.arch import ArchPair, parse_arch
@@ -201,7 +203,7 @@ def test_sm80_family_compiles_without_spills_with_hmma_and_cp_async(arch_name, r
     tuning, _, target = arch_name.partition("@")
     arch = ArchPair(parse_arch(tuning), parse_arch(target or tuning))
     family = registry.get("mla_decode_sm80")
-    cfg = sm80_decode_config("bf16", 576, 512, 64, rows, arch.tuning)
+    cfg = sm80_decode_config(dtype, 576, 512, 64, rows, arch.tuning)
     binary = build(family.source(cfg, arch))
     for entry in family.entry_points(cfg):
         report = binary.log.split(f"Function properties for {entry}")[1].splitlines()[1]
@@ -210,6 +212,7 @@ def test_sm80_family_compiles_without_spills_with_hmma_and_cp_async(arch_name, r
     sass = sass_of(binary.cubin, tmp_path)
     assert "HMMA.16816" in sass and "LDGSTS" in sass
     assert "LDL" not in sass and "STL" not in sass
+    assert ("F2FP.F16.E4M3.UNPACK_B" in sass) == (cfg.fp8_cvt and tuning == "sm_89"), cfg
 
 
 @pytest.mark.slow
@@ -277,17 +280,29 @@ def test_sm80_residency_model_matches_header(cache_root):
     import itertools
 
     from mla_jit.configs.decode import (COMBINE_ROWS_PER_CTA, COMBINE_THREADS, _sm80_min_blocks, _sm80_tiles,
-                                        ctas_per_sm_for, sm80_decode_config)
+                                        ctas_per_sm_for, sm80_decode_config, sm80_resident_ctas)
     from mla_jit.jit.arch import parse_arch, resolve_for_build
     from mla_jit.jit.build import KernelSource
     checks = []
-    for arch_name, rows, (d, dv) in itertools.product(("sm_80", "sm_86", "sm_89"), (1, 16, 17, 32, 33, 64, 128),
-                                                       SUPPORTED_HEAD_DIMS):
-        cfg = sm80_decode_config("bf16", d, dv, 64, rows, parse_arch(arch_name))
-        cpp = (f"mla_jit::decode::SplitKVSm80Config<cutlass::bfloat16_t, {d}, {dv}, 64, {cfg.block_m}, "
-               f"{cfg.block_n}, {cfg.num_stages}, {cfg.num_warps}, {cfg.smem_limit}>")
+    h200, a100, l40 = 233472, 167936, 102400
+    cpp_of = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "e4m3": "cutlass::float_e4m3_t"}
+    for arch_name, rows, (d, dv), (dtype, kv) in itertools.product(
+            ("sm_80", "sm_86", "sm_89"), (1, 16, 17, 32, 33, 64, 128), SUPPORTED_HEAD_DIMS,
+            (("bf16", None), ("e4m3", None), ("bf16", "e4m3"), ("fp16", "e4m3"))):
+        arch = parse_arch(arch_name)
+        cfg = sm80_decode_config(dtype, d, dv, 64, rows, arch, kv)
+        kv_fp8 = (2 if cfg.fp8_cvt else 1) if cfg.kv_fp8 else 0
+        out = "bf16" if dtype == "e4m3" else dtype
+        cpp = (f"mla_jit::decode::SplitKVSm80Config<{cpp_of[cfg.mma_dtype]}, {d}, {dv}, 64, {cfg.block_m}, "
+               f"{cfg.block_n}, {cfg.num_stages}, {cfg.num_warps}, {cfg.smem_limit}, 0, {kv_fp8}, {cpp_of[dtype]}, "
+               f"{cpp_of[out]}>")
         checks.append(f"static_assert({cpp}::kSmemBytes == {cfg.smem_bytes}, \"smem\");\n"
                       f"static_assert({cpp}::kMinBlocksPerSm == {_sm80_min_blocks(cfg.block_m)}, \"min blocks\");")
+        if cfg.kv_fp8:   # the schedule is planned from the bf16 kernel: same rows a CTA, as many CTAs an SM
+            assert cfg.block_m == _sm80_tiles(rows, arch)[0]
+            for smem in (h200, a100, l40):
+                assert sm80_resident_ctas(cfg.smem_bytes, cfg.num_warps, cfg.block_m, smem) >= \
+                    ctas_per_sm_for(rows, arch, smem), (cfg, smem)
     # The sparse kernels (FP8 records; bf16 rows, whose tiles grow with the heads).
     from mla_jit.configs.decode import SPARSE_KV
     from mla_jit.configs.sparse import BF16_ROWS, FP8_RECORDS, SparseWsConfig, sparse_config
@@ -306,7 +321,6 @@ def test_sm80_residency_model_matches_header(cache_root):
               + "\n".join(dict.fromkeys(checks))
               + '\nextern "C" __global__ void residency_check() {}\n')
     build(KernelSource("sm80_residency_check", source, ("residency_check",), resolve_for_build("sm_80"), "none"))
-    h200, a100, l40 = 233472, 167936, 102400
     for arch_name, rows, want in (("sm_80", 16, (3, 2)), ("sm_80", 32, (2, 1)), ("sm_80", 64, (1, 1)),
                                   ("sm_89", 16, (3, 2, 1)), ("sm_89", 32, (2, 1, 1)), ("sm_89", 128, (2, 1, 1))):
         arch = parse_arch(arch_name)

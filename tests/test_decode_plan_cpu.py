@@ -141,15 +141,25 @@ def _fp8_decode_inputs(b=1, h_q=16, page=64, d=576):
 
 
 @pytest.mark.parametrize("tuning", ["sm_80", "sm_86", "sm_89"])
-def test_fp8_cache_below_hopper_is_not_available_before_any_kernel(tuning, monkeypatch):
-    import mla_jit
+@pytest.mark.parametrize("h_q", [16, 128])
+def test_fp8_cache_below_hopper_plans_the_mma_sync_e4m3_kernel(tuning, h_q, monkeypatch):
+    """e4m3 q (fp16 MMAs, bf16 out; sm_89 converts with its cvt) and a bf16 q over the e4m3 cache:
+    the mma.sync family's e4m3-cache kernel, on the grid the schedule plans (the bf16 kernel's rows
+    per CTA), with the cache as a plain pointer and a 1.0 descale for the missing one."""
+    import torch
+
+    from mla_jit.configs.decode import block_m_for
+    from mla_jit.jit.arch import parse_arch
     from mla_jit.runtimes import decode_plan as runtime
     calls = _stub_decode_families(monkeypatch, tuning)
-    q, k_cache, block_table = _fp8_decode_inputs()
-    for q in (q, q.bfloat16()):   # e4m3 q, or bf16 q over the e4m3 cache
-        with pytest.raises(mla_jit.FeatureNotAvailableError, match="sm_80/sm_86/sm_89") as info:
-            runtime.DecodePlan(q, k_cache, block_table, 512, 1)
-        assert info.value.argument == "k_cache" and calls == [] and runtime._unit_descales == {}
+    q8, k_cache, block_table = _fp8_decode_inputs(h_q=h_q)
+    for q, kv_dtype, mma, cvt in ((q8, None, "fp16", tuning == "sm_89"), (q8.bfloat16(), "e4m3", "bf16", False)):
+        del calls[:]
+        plan = runtime.DecodePlan(q, k_cache, block_table, 512, 1)
+        cfg, grid = calls[0][0][0], calls[0][0][5]
+        assert (cfg.kv_fp8, cfg.kv_dtype, cfg.mma_dtype, cfg.fp8_cvt, plan.box) == (True, kv_dtype, mma, cvt, None)
+        assert grid == (1, 1, -(-h_q // block_m_for(h_q, parse_arch(tuning))))
+        assert plan.out_dtype == torch.bfloat16 and plan.unit_descale.tolist() == [1.0]
 
 
 def test_fp8_plan_packs_the_descale_pointers(monkeypatch):

@@ -170,9 +170,8 @@ def test_torch_compile_fullgraph_matches_eager():
     assert out.dtype == torch.bfloat16 and torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
 
 
-def test_typed_errors_on_the_gpu(monkeypatch):
-    """descale_q with a 16-bit q, and the Ampere/Ada family (forced), raise typed errors naming the
-    argument before any decode kernel."""
+def test_typed_errors_on_the_gpu():
+    """descale_q with a 16-bit q raises a typed error naming the argument before any decode kernel."""
     case = DecodeCase(2, 1, 128, 16)
     q, k8, block_table, lens, descale_k = _inputs(case)
     metadata, num_splits = mla_jit.get_mla_metadata(lens, 16, 1)
@@ -181,7 +180,3 @@ def test_typed_errors_on_the_gpu(monkeypatch):
     with pytest.raises(mla_jit.InvalidArgumentError) as info:
         mla_jit.flash_mla_with_kvcache(*args, descale_q=descale_k, descale_k=descale_k)
     assert info.value.argument == "descale_q"
-    monkeypatch.setenv("MLA_JIT_ARCH", "sm_80")
-    with pytest.raises(mla_jit.FeatureNotAvailableError, match="sm_80") as info:
-        mla_jit.flash_mla_with_kvcache(*args, descale_k=descale_k)
-    assert info.value.argument == "k_cache"

@@ -48,7 +48,7 @@ class MetadataConfig:
 @dataclass(frozen=True)
 class Sm80DecodeConfig:
     """The mma.sync + cp.async family (sm_80, sm_86, sm_89): tiles sized to each arch's smem."""
-    dtype: str
+    dtype: str          # q's: "bf16" / "fp16" (out the same), or "e4m3" (q and cache; fp16 MMAs, bf16 out)
     head_dim: int
     head_dim_v: int
     page_size: int
@@ -61,14 +61,30 @@ class Sm80DecodeConfig:
     # tokens stored as FlashMLA's FP8 records ("fp8_records") or as bf16 rows ("bf16_rows": sparse
     # prefill's kv; page_size is then unused and kept at 64).
     sparse: str = ""
+    # None: the cache has q's dtype. "e4m3" (with a bf16 / fp16 q): the accurate FP8 path. An e4m3
+    # cache (this or dtype "e4m3") lands in num_stages landing slots and is converted exactly into
+    # 2 K stages of the MMA dtype a tile ahead (splitkv_sm80.cuh, KV_FP8).
+    kv_dtype: str | None = None
+    # e4m3 -> fp16 by the sm_89+ cvt instruction instead of bit arithmetic (fp16 MMAs only).
+    fp8_cvt: bool = False
 
     def __post_init__(self):
         # Field by field what SplitKVSm80Config's static_asserts accept (splitkv_sm80.cuh); the
         # combination (and smem_limit against the tiles) is the compiler's to check.
-        check_fields(self, dtype=("bf16", "fp16"), head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS),
+        check_fields(self, dtype=("bf16", "fp16", "e4m3"), head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS),
                      page_size=SUPPORTED_PAGE_SIZES, block_m=(16, 32, 64), block_n=(16, 32, 64),
                      num_stages=(2, 3, 4), num_warps=(4, 8), smem_limit=range(1, 228 * 1024 + 1))
-        check_fields(self, sparse=tuple(SPARSE_KV))
+        check_fields(self, sparse=tuple(SPARSE_KV), fp8_cvt=(False, True))
+        if self.kv_dtype not in KV_DTYPES:
+            raise InvalidArgumentError("Sm80DecodeConfig.kv_dtype", f"one of {KV_DTYPES}", repr(self.kv_dtype))
+        if self.kv_dtype is not None and self.dtype == "e4m3":
+            raise InvalidArgumentError("Sm80DecodeConfig.kv_dtype", "None unless dtype is bf16 or fp16",
+                                       f"{self.kv_dtype!r} with dtype {self.dtype!r}")
+        if self.kv_fp8 and self.sparse:
+            raise InvalidArgumentError("Sm80DecodeConfig.sparse", "'' with an e4m3 cache", repr(self.sparse))
+        if self.fp8_cvt and not (self.kv_fp8 and self.mma_dtype == "fp16"):
+            raise InvalidArgumentError("Sm80DecodeConfig.fp8_cvt", "False unless an e4m3 cache meets fp16 MMAs",
+                                       f"True with dtype {self.dtype!r}, kv_dtype {self.kv_dtype!r}")
         if self.sparse and (self.dtype != "bf16" or (self.sparse == "fp8_records" and (
                 self.head_dim != 576 or self.num_stages < 3))):
             raise InvalidArgumentError("Sm80DecodeConfig.sparse", "bf16 (fp8_records: head_dim 576 and >= 3 "
@@ -81,6 +97,16 @@ class Sm80DecodeConfig:
     @property
     def num_threads(self) -> int:
         return 32 * self.num_warps
+
+    @property
+    def kv_fp8(self) -> bool:
+        """The cache is e4m3 (q e4m3 too, or the accurate path's 16-bit q)."""
+        return self.dtype == "e4m3" or self.kv_dtype == "e4m3"
+
+    @property
+    def mma_dtype(self) -> str:
+        """The MMAs' input dtype: q's, or fp16 for an e4m3 q (e4m3 values are exact in fp16)."""
+        return "fp16" if self.dtype == "e4m3" else self.dtype
 
     @property
     def fused_combine(self) -> bool:
@@ -101,7 +127,7 @@ class Sm80DecodeConfig:
     def smem_bytes(self) -> int:
         """The kernel's dynamic shared memory (SplitKVSm80Config::kSmemBytes)."""
         return _sm80_smem_bytes(self.block_m, self.block_n, self.num_stages, self.num_warps, self.head_dim,
-                                self.sparse)
+                                self.sparse, self.kv_fp8)
 
 
 # Per-block shared memory: sm_80 163 KB, sm_86/sm_89 99 KB.
@@ -241,10 +267,15 @@ def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, ar
 
 @functools.lru_cache(maxsize=None)
 def sm80_decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, rows: int,
-                       arch: Arch) -> Sm80DecodeConfig:
-    block_m, block_n, stages, warps = _sm80_tiles(rows, arch)
+                       arch: Arch, kv_dtype: str | None = None) -> Sm80DecodeConfig:
+    """kv_dtype: the cache's dtype where it is not q's (`dtype`)."""
+    kv_dtype = None if kv_dtype == dtype else kv_dtype
+    kv_fp8 = dtype == "e4m3" or kv_dtype == "e4m3"
+    block_m, block_n, stages, warps = (_sm80_fp8_tiles if kv_fp8 else _sm80_tiles)(rows, arch)
+    # sm_89 converts e4m3 to fp16 in one instruction a pair; to bf16, bit arithmetic is as short.
+    fp8_cvt = kv_fp8 and arch.name == "sm_89" and (dtype == "e4m3" or dtype == "fp16")
     return Sm80DecodeConfig(dtype, head_dim, head_dim_v, page_size, block_m, block_n, stages, warps,
-                            _SMEM_LIMIT[arch.name])
+                            _SMEM_LIMIT[arch.name], kv_dtype=kv_dtype, fp8_cvt=fp8_cvt)
 
 
 def _sm80_tiles(rows: int, arch: Arch) -> tuple[int, int, int, int]:
@@ -261,23 +292,39 @@ def _sm80_tiles(rows: int, arch: Arch) -> tuple[int, int, int, int]:
     return (32, 16, 3, 4)
 
 
+def _sm80_fp8_tiles(rows: int, arch: Arch) -> tuple[int, int, int, int]:
+    """(block_m, block_n, landing slots, warps) over an e4m3 cache: 2 K stages of the MMA dtype plus
+    the landing slots, so 16-token tiles. The block_m of _sm80_tiles and at least its CTAs per SM on
+    every GPU (the schedule is planned without the cache's dtype; test_decode_plan_cpu checks this):
+    rows <= 16, every arch: 16 x 16, 3 slots, 4 warps (68,608 B at d = 576).
+    sm_80: rows <= 32: 32 x 16, 3 slots, 4 warps (108,160 B); more rows: 64 x 16, 3 slots, 8 warps
+    (151,808 B). sm_86 / sm_89: 32 x 16, 2 slots, 4 warps (98,944 B: a 2-slot ring still keeps one tile
+    in flight while the next is converted and the current one multiplied)."""
+    if rows <= 16:
+        return (16, 16, 3, 4)
+    if arch.name == "sm_80":
+        return (32, 16, 3, 4) if rows <= 32 else (64, 16, 3, 8)
+    return (32, 16, 2, 4)
+
+
 # Sparse decode: a landing slot row per token and stage (512 e4m3 values + 4 float32 scales).
 SPARSE_LANDING_ROW_BYTES = 528
 
 
 def _sm80_smem_bytes(block_m: int, block_n: int, stages: int, warps: int, head_dim: int,
-                     sparse: str = "") -> int:
-    """Mirror of SplitKVSm80Config::kSmemBytes (splitkv_sm80.cuh): [Q] KV stages, [sparse landing
-    slots and flags], P / xS, reductions."""
-    stage = block_n * head_dim * 2
+                     sparse: str = "", kv_fp8: bool = False) -> int:
+    """Mirror of SplitKVSm80Config::kSmemBytes (splitkv_sm80.cuh): [Q] KV stages, [landing slots,
+    sparse flags], P / xS, reductions. An e4m3 cache: 2 K stages and `stages` landing slots."""
+    stage = block_n * head_dim * 2   # a K stage, and (per stage) what goes with it
+    fixed = 0                        # the rest of the stage area
     if sparse == "fp8_records":
         stage += block_n * SPARSE_LANDING_ROW_BYTES
     if sparse:
-        stage_flags = -(-stages * block_n // 16) * 16
-    else:
-        stage_flags = 0
+        fixed = -(-stages * block_n // 16) * 16   # the tokens' valid flags
+    if kv_fp8:   # `stages` landing slots of head_dim bytes a token, and 2 K stages
+        stage, fixed = block_n * head_dim, 2 * stage
     if block_m == 16:   # Q in registers: KV stages + xS (a float4 per lane per n8 tile per warp)
-        return stages * stage + stage_flags + warps * (block_n // 8) * 32 * 16
+        return stages * stage + fixed + warps * (block_n // 8) * 32 * 16
     wn = warps // (block_m // 16)
     s_nt = block_n // wn // 8
     # kQKSplit 4 (quads): a warp publishes 3 blocks at 16-token tiles, 2 per round (of 2) at 32.
@@ -285,7 +332,7 @@ def _sm80_smem_bytes(block_m: int, block_n: int, stages: int, warps: int, head_d
     slots = (3 if block_n == 16 else 2) if quads else 1
     p_x = max(block_m * block_n * 2, warps * slots * s_nt * 32 * 16)
     row_max = block_m * 4 if sparse else 0   # sparse: each row's final max for the epilogue
-    return block_m * head_dim * 2 + stages * stage + stage_flags + p_x + 2 * wn * block_m * 4 + block_m * 4 + row_max
+    return block_m * head_dim * 2 + stages * stage + fixed + p_x + 2 * wn * block_m * 4 + block_m * 4 + row_max
 
 
 def _sm80_min_blocks(block_m: int) -> int:

@@ -107,7 +107,10 @@ class MlaDecodeSm80Family(KernelFamily[Sm80DecodeConfig]):
         return (self.SPLITKV, self.COMBINE)
 
     def render_context(self, cfg: Sm80DecodeConfig, arch: ArchPair) -> dict[str, Any]:
-        return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "dtype": cpp_type(cfg.dtype),
+        cache_dtype = "e4m3" if cfg.kv_fp8 else cfg.dtype
+        return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "dtype": cpp_type(cfg.mma_dtype),
+                "q_dtype": cpp_type(cfg.dtype), "out_dtype": cpp_type(out_dtype_of(cfg.dtype)),
+                "cache_dtype": cpp_type(cache_dtype), "kv_fp8": (2 if cfg.fp8_cvt else 1) if cfg.kv_fp8 else 0,
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "page_size": cfg.page_size,
                 "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
                 "num_warps": cfg.num_warps, "smem_limit": cfg.smem_limit,
@@ -116,8 +119,10 @@ class MlaDecodeSm80Family(KernelFamily[Sm80DecodeConfig]):
                 "combine_min_blocks": 4 if arch.target.major < 9 else 1}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[Sm80DecodeConfig]:
-        configs = (sm80_decode_config("bf16", p.head_dim, p.head_dim_v, p.page_size,
-                                      s_q * p.num_heads_q // p.num_heads_kv, arch)
+        # bf16 and FP8 caches, as on sm_90a (MlaDecodeSm90Family.prewarm_configs)
+        configs = (sm80_decode_config(dtype, p.head_dim, p.head_dim_v, p.page_size,
+                                      s_q * p.num_heads_q // p.num_heads_kv, arch, kv_dtype)
+                   for dtype, kv_dtype in (("bf16", None), ("e4m3", None), ("bf16", "e4m3"))
                    for p in _preset_shapes(presets) for s_q in (1, 2))
         return list(dict.fromkeys(configs))
 

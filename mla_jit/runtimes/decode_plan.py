@@ -16,7 +16,7 @@ from ..configs.decode import (BLOCK_M, CLUSTER_ENV, COMBINE_ROWS_PER_CTA, COMBIN
                               fused_combine_pays, metadata_config, num_sm_parts, out_dtype_of,
                               sm80_decode_config)
 from ..dtypes import name_of, torch_dtype
-from ..errors import FeatureNotAvailableError, KernelNotWarmError
+from ..errors import KernelNotWarmError
 from ..jit import env, tma
 from ..jit.arch import ArchPair, resolve_for_device
 from ..jit.launch import PTR, TMA_DESC, Blob, max_active_clusters
@@ -135,10 +135,8 @@ def _kernels(q_shape, dtype: str, kv_dtype: str, head_dim_v: int, page_size: int
         cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule, cluster_m, kv_dtype)
         params, box = (Blob(DECODE_PARAMS.size), TMA_DESC), (min(page_size, cfg.block_n), 1, 64)
     else:
-        if kv_dtype == "e4m3":  # the mma.sync family reads 2-byte K and V only
-            raise FeatureNotAvailableError("k_cache", "an FP8 KV cache on sm_80/sm_86/sm_89")
         family = registry.get("mla_decode_sm80")
-        cfg = sm80_decode_config(dtype, d, head_dim_v, page_size, rows, arch.tuning)
+        cfg = sm80_decode_config(dtype, d, head_dim_v, page_size, rows, arch.tuning, kv_dtype)
         params, box = (Blob(DECODE_PARAMS.size), PTR), None
     smem = _kernel_smem(family, cfg, arch, device_index)
     row_tiles = -(-rows // cfg.block_m)

@@ -61,11 +61,19 @@
 // of their use (>= 3 stages; tile n + 1's copies are waited for before barrier A of tile n). The
 // Q-in-smem epilogue reads each row's final max from smem (row_max) for the sink and max_logits.
 //
+// An e4m3 cache (KV_FP8, dense decode, both variants): tile n's bytes land in landing slot n % NS
+// (the producer issues tile n + NS at tile n, NS tiles ahead instead of NS - 1), and after barrier
+// A of tile n every thread converts its own chunks of tile n + 1 (waited for before that barrier)
+// exactly into K stage (n + 1) % 2 of Element, which tile n - 1 left: tile n + 1 is read after the
+// next barrier A. S's scale takes descale_q * descale_k and O descale_k (read on the GPU). An e4m3
+// q is converted as it is loaded (Element fp16: exact).
+//
 // The O rescale (O *= exp2(m_old - m_new)) is skipped when every factor a warp would apply is
 // exactly 1 (the running max did not move): x * 1.0f == x, so the result is bit-identical.
 #pragma once
 
 #include "common.cuh"
+#include "mla_jit/common/e4m3.cuh"
 #include "mla_jit/common/sm80.cuh"
 
 namespace mla_jit {
@@ -77,10 +85,18 @@ namespace decode {
 // rows are 1: FlashMLA's 656-byte FP8 records (paged; see "Sparse decode" below), 2: bf16 rows of
 // HEAD_DIM values (flash_mla_sparse_fwd's kv (s_kv, 1, d_qk); kv_block_stride = the row stride).
 enum SparseKV : int { kDenseKV = 0, kSparseFp8Records = 1, kSparseBf16Rows = 2 };
+// KV_FP8 (dense decode): 0 the cache holds Element; else it holds e4m3 with a per-tensor descale,
+// converted exactly to Element on chip (common/e4m3.cuh; 1: bit arithmetic, 2: the sm_89+ cvt, fp16
+// only). Element is then the type the MMAs take; QElement is q's (Element, or e4m3 converted as it is
+// loaded) and OutElement out's (bf16 for an e4m3 q, which multiplies in fp16: e4m3 is exact there).
+enum KvFp8 : int { kKvElement = 0, kKvE4m3Bits = 1, kKvE4m3Cvt = 2 };
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_, int BLOCK_N_,
-          int NUM_STAGES_, int NUM_WARPS_, int SMEM_LIMIT_, int SPARSE_KV_ = kDenseKV>
+          int NUM_STAGES_, int NUM_WARPS_, int SMEM_LIMIT_, int SPARSE_KV_ = kDenseKV, int KV_FP8_ = kKvElement,
+          typename QElement_ = Element_, typename OutElement_ = Element_>
 struct SplitKVSm80Config {
   using Element = Element_;
+  using QElement = QElement_;
+  using OutElement = OutElement_;
   static constexpr int HEAD_DIM = HEAD_DIM_;
   static constexpr int HEAD_DIM_V = HEAD_DIM_V_;
   static constexpr int PAGE_SIZE = PAGE_SIZE_;
@@ -93,6 +109,13 @@ struct SplitKVSm80Config {
   // Sparse: gathered tokens, masked by per-token valid flags; FP8 records also de-quantized.
   static constexpr bool kSparse = SPARSE_KV_ != kDenseKV;
   static constexpr bool kSparseFp8 = SPARSE_KV_ == kSparseFp8Records;
+  // An e4m3 cache (dense): NUM_STAGES e4m3 landing slots, each tile converted into one of 2 Element
+  // K stages a tile ahead of its use (the loads run NUM_STAGES - 2 tiles ahead of that).
+  static constexpr bool kKvFp8 = KV_FP8_ != kKvElement;
+  static constexpr bool kHwCvt = KV_FP8_ == kKvE4m3Cvt;
+  static constexpr bool kQFp8 = cute::is_same_v<QElement, cutlass::float_e4m3_t>;
+  using CacheT = cute::conditional_t<kKvFp8, unsigned char, Element>;
+  static constexpr int kKStages = kKvFp8 ? 2 : NUM_STAGES;
 
   // Variant: Q in registers (one 16-row tile, QK split over d across the 4 warps) or in smem.
   static constexpr bool kQInRegs = BLOCK_M == 16;
@@ -142,6 +165,12 @@ struct SplitKVSm80Config {
   static_assert(!kSparse || kSparseFp8 || ((HEAD_DIM == 576 || HEAD_DIM == 512) && HEAD_DIM_V == 512 &&
                                            cute::is_same_v<Element, cutlass::bfloat16_t>),
                 "sparse bf16 rows: d 576 or 512 / dv 512, bf16");
+  static_assert(KV_FP8_ >= kKvElement && KV_FP8_ <= kKvE4m3Cvt && (!kKvFp8 || (!kSparse && NUM_STAGES >= 2)),
+                "KV_FP8 in {0, 1, 2}: the dense decode, >= 2 landing slots");
+  static_assert(!kHwCvt || cute::is_same_v<Element, cutlass::half_t>, "the e4m3x2 cvt produces fp16");
+  static_assert(cute::is_same_v<QElement, Element> || (kQFp8 && kKvFp8), "q: Element, or e4m3 over an e4m3 cache");
+  static_assert(cute::is_same_v<OutElement, Element> ||
+                    (kQFp8 && cute::is_same_v<OutElement, cutlass::bfloat16_t>), "out: Element, or bf16 for e4m3 q");
 
   // 16-byte chunks.
   static constexpr int kRowChunks = HEAD_DIM / 8;          // per Q / KV row
@@ -151,16 +180,21 @@ struct SplitKVSm80Config {
   static constexpr int kThreadsPerToken = NUM_THREADS / BLOCK_N;
   static constexpr int kChunksPerThread = kRowChunks / kThreadsPerToken;
   // (FP8 records: the record's 41 chunks go round the token's threads, a bound check per chunk.)
-  static_assert(NUM_THREADS % BLOCK_N == 0 && (kSparseFp8 || kRowChunks % kThreadsPerToken == 0) &&
+  static_assert(NUM_THREADS % BLOCK_N == 0 && (kSparseFp8 || kKvFp8 || kRowChunks % kThreadsPerToken == 0) &&
                     (kThreadsPerToken % 8 == 0 || 8 % kThreadsPerToken == 0),
                 "every thread copies whole chunks of one token");
+  // e4m3 cache: a token's HEAD_DIM bytes land in its landing slot row as 16-byte chunks q + TPT i
+  // (a bound check where TPT does not divide them); its 8-value units q + TPT i are converted by
+  // the same threads into K chunks of the same low 3 bits (so TPT is a multiple of 8).
+  static_assert(!kKvFp8 || kThreadsPerToken % 8 == 0, "e4m3 cache: 8, 16, .. threads per token");
 
   // Sparse decode over FP8 records: a token's record is 512 e4m3 values, 4 float32 scales (one per
   // 128 values) and 64 bf16 rope values. The first 528 bytes land in a landing slot (one per stage),
   // the rope straight in its K stage row; a byte per token says whether its index was valid.
-  static constexpr int kRecordBytes = 656, kNopeBytes = 512, kLandRowBytes = 528;
+  // (An e4m3 cache's landing row: the token's HEAD_DIM values.)
+  static constexpr int kRecordBytes = 656, kNopeBytes = 512, kLandRowBytes = kKvFp8 ? HEAD_DIM : 528;
   static constexpr int kRecordChunks = kRecordBytes / 16, kLandChunks = kLandRowBytes / 16;
-  static constexpr int kLandBytes = kSparseFp8 ? NUM_STAGES * BLOCK_N * kLandRowBytes : 0;
+  static constexpr int kLandBytes = kSparseFp8 || kKvFp8 ? NUM_STAGES * BLOCK_N * kLandRowBytes : 0;
   static constexpr int kFlagBytes = kSparse ? (NUM_STAGES * BLOCK_N + 15) / 16 * 16 : 0;
 
   // Shared memory map (bytes; every piece 16-byte aligned).
@@ -175,7 +209,7 @@ struct SplitKVSm80Config {
   static constexpr int kRedBytes = kQInRegs ? 0 : WN * BLOCK_M * 4;
   static constexpr int kOffQ = 0;
   static constexpr int kOffKV = kOffQ + kQBytes;
-  static constexpr int kOffLand = kOffKV + NUM_STAGES * kStageBytes;  // sparse: landing slots
+  static constexpr int kOffLand = kOffKV + kKStages * kStageBytes;  // sparse, e4m3 cache: landing slots
   static constexpr int kOffFlags = kOffLand + kLandBytes;             // sparse: token valid flags
   static constexpr int kOffP = kOffFlags + kFlagBytes;                // = xS
   static constexpr int kOffRedMax = kOffP + kPXBytes;              // float [WN][BLOCK_M]
@@ -369,12 +403,18 @@ struct KVProducer {
   }
   // Issues the next tile (if any) into the next stage and commits one group (always: the group
   // count stays = the tile count). sAux: the sparse landing slots and flags (unused otherwise).
-  __device__ __forceinline__ void issue(const DecodeParams& p, const Element* k_cache, unsigned sKV, int g,
-                                        const Lengths<Cfg::kSparse>& seqlens, unsigned sAux = 0) {
-    if constexpr (Cfg::kSparseFp8) {
+  __device__ __forceinline__ void issue(const DecodeParams& p, const typename Cfg::CacheT* k_cache, unsigned sKV,
+                                        int g, const Lengths<Cfg::kSparse>& seqlens, unsigned sAux = 0) {
+    if constexpr (Cfg::kSparseFp8)
       issue_record(p, k_cache, sKV, sAux, seqlens);
-      return;
-    }
+    else if constexpr (Cfg::kKvFp8)
+      issue_e4m3(p, k_cache, g, sAux, seqlens);
+    else
+      issue_rows(p, k_cache, sKV, g, seqlens, sAux);
+  }
+  // Rows of Element (the dense cache, or the sparse prefill's bf16 rows) straight into K stage `stage`.
+  __device__ __forceinline__ void issue_rows(const DecodeParams& p, const Element* k_cache, unsigned sKV, int g,
+                                             const Lengths<Cfg::kSparse>& seqlens, unsigned sAux) {
     if (cur.valid()) {
       const unsigned dst = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
       const Element* src;
@@ -400,9 +440,28 @@ struct KVProducer {
     cp_async_commit();
     stage = stage + 1 == NS ? 0 : stage + 1;
   }
+  // e4m3 cache: this thread's 16-byte chunks c = q + TPT i of its token's row into the token's row
+  // of landing slot `stage` (rows past the piece zero-filled: never read).
+  __device__ __forceinline__ void issue_e4m3(const DecodeParams& p, const unsigned char* k_cache, int g, unsigned sAux,
+                                             const Lengths<Cfg::kSparse>& seqlens) {
+    if (cur.valid()) {
+      const int kr = kv_page >= 0 ? kv_page * PAGE + kv_in : -1;  // cache row, -1 = zero-fill
+      const unsigned char* src = k_cache + (kr >= 0 ? ((long long)kr * p.h_kv + g) * D : 0LL) + q * 16;
+      const int bytes = kr >= 0 ? 16 : 0;
+      cur.template advance<Cfg::BLOCK_N>(meta, seqlens);  // the next lookup first, as in issue()
+      if (cur.valid()) fetch_row(p);
+      const unsigned land = sAux + unsigned((stage * Cfg::BLOCK_N + tok_in_tile) * D + q * 16);
+#pragma unroll
+      for (int i = 0; i < (Cfg::kLandChunks + TPT - 1) / TPT; ++i)
+        if (Cfg::kLandChunks % TPT == 0 || q + TPT * i < Cfg::kLandChunks)
+          cp_async_16(land + unsigned(TPT * i * 16), src + TPT * i * 16, bytes);
+    }
+    cp_async_commit();
+    stage = stage + 1 == NS ? 0 : stage + 1;
+  }
   // Sparse: this thread's chunks c = q + TPT i of its token's record: 0-32 (e4m3 values, scales) to
   // the landing slot, 33-40 (rope) to K chunks 64-71; invalid tokens zero-filled (never read).
-  __device__ __forceinline__ void issue_record(const DecodeParams& p, const Element* k_cache, unsigned sKV,
+  __device__ __forceinline__ void issue_record(const DecodeParams& p, const typename Cfg::CacheT* k_cache, unsigned sKV,
                                                unsigned sAux, const Lengths<Cfg::kSparse>& seqlens) {
     if (cur.valid()) {
       const int kr = kv_page;
@@ -473,6 +532,83 @@ __device__ __forceinline__ void dequant_tile(unsigned sLand, unsigned sK, int ti
   }
 }
 
+// S's scale (log2 units) and O's: the softmax scale, times the per-tensor descales of q and the
+// cache for an e4m3 cache (read on the GPU: a graph replay sees their current values), whose
+// descale_k O takes too.
+struct Scales {
+  float s_log2, v;
+};
+template <typename Cfg>
+__device__ __forceinline__ Scales scales_of(const DecodeParams& p) {
+  if constexpr (Cfg::kKvFp8) {
+    const float dk = __ldg(p.descale_k);
+    return {p.scale_log2 * __ldg(p.descale_q) * dk, dk};
+  } else {
+    return {p.scale_log2, 1.f};
+  }
+}
+
+// e4m3 cache: the tile in landing slot sLand converted (exactly) into the Element K stage at sK.
+// Thread t converts 8-value units q + TPT i of token t / TPT (q = t % TPT), the token and chunk
+// split of its copies: a quarter warp writes 8 chunks of one row's 128-byte period (no bank
+// conflicts), a half warp reads 2 x 64 contiguous bytes of 2 rows HEAD_DIM bytes apart.
+template <typename Cfg>
+__device__ __forceinline__ void convert_kv_tile(unsigned sLand, unsigned sK, int tid) {
+  constexpr int TPT = Cfg::kThreadsPerToken, D = Cfg::HEAD_DIM, kRowUnits = D / 8;
+  const int tok = tid / TPT, q = tid % TPT;
+  const unsigned src = sLand + unsigned(tok * D + q * 8);
+  const unsigned dst = sK + unsigned(tok * Cfg::kRowChunks) * 16u + unsigned(((q & 7) ^ (tok & 7)) * 16 + (q >> 3) * 128);
+#pragma unroll
+  for (int i = 0; i < (kRowUnits + TPT - 1) / TPT; ++i) {
+    if (kRowUnits % TPT == 0 || q + TPT * i < kRowUnits) {
+      unsigned w0, w1;
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w0), "=r"(w1) : "r"(src + unsigned(TPT * i * 8)));
+      const uint4 v = e4m3::oct_to<typename Cfg::Element, Cfg::kHwCvt>(w0, w1);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + unsigned((TPT / 8) * i * 128)), "r"(v.x),
+                   "r"(v.y), "r"(v.z), "r"(v.w)
+                   : "memory");
+    }
+  }
+}
+
+// The KV pipeline's start: the first NUM_STAGES - 1 tiles issued (an e4m3 cache: NUM_STAGES, its
+// landing slots); where tiles are converted (FP8 records, an e4m3 cache), tile 0 waited for and
+// converted into K stage 0 (read after the first barrier A).
+template <typename Cfg>
+__device__ __forceinline__ void start_kv(KVProducer<Cfg>& prod, const DecodeParams& p,
+                                         const typename Cfg::CacheT* k_cache, unsigned sKV, int g,
+                                         const Lengths<Cfg::kSparse>& seqlens, unsigned sAux, int tid) {
+  constexpr int NS = Cfg::NUM_STAGES;
+#pragma unroll
+  for (int s = 0; s < (Cfg::kKvFp8 ? NS : NS - 1); ++s) prod.issue(p, k_cache, sKV, g, seqlens, sAux);
+  if constexpr (Cfg::kSparseFp8) {
+    cp_async_wait<NS - 2>();
+    __syncthreads();
+    dequant_tile<Cfg>(sAux, sKV, tid);
+  } else if constexpr (Cfg::kKvFp8) {
+    cp_async_wait<NS - 1>();
+    __syncthreads();
+    convert_kv_tile<Cfg>(sAux, sKV, tid);
+  }
+}
+
+// After barrier A of tile n (K stage `stage`), where tiles are converted: tile n + 1, landed, into
+// its K stage (FP8 records: stage + 1 of the common ring; an e4m3 cache: landing slot `land` + 1 into
+// the other of its 2 K stages), read after the next barrier A.
+template <typename Cfg>
+__device__ __forceinline__ void convert_next_tile(unsigned sAux, unsigned sKV, int stage, int& land, int tid) {
+  constexpr int NS = Cfg::NUM_STAGES, BN = Cfg::BLOCK_N;
+  if constexpr (Cfg::kSparseFp8) {
+    const int next = stage + 1 == NS ? 0 : stage + 1;
+    dequant_tile<Cfg>(sAux + unsigned(next * BN * Cfg::kLandRowBytes), sKV + unsigned(next) * unsigned(Cfg::kStageBytes),
+                      tid);
+  } else if constexpr (Cfg::kKvFp8) {
+    land = land + 1 == NS ? 0 : land + 1;
+    convert_kv_tile<Cfg>(sAux + unsigned(land * BN * Cfg::kLandRowBytes),
+                         sKV + unsigned(stage ^ 1) * unsigned(Cfg::kStageBytes), tid);
+  }
+}
+
 // Row r of a finished piece's O (this thread's O_NT n8 tiles; row half h of the m16 fragment `o`,
 // columns col_base + 8 nt + {0, 1}), scaled by inv_l: into out when the batch has a single split,
 // else into the piece's o_accum slot.
@@ -537,21 +673,27 @@ struct QRegsState {
 template <typename Cfg>
 __device__ __forceinline__ void qregs_start_piece(const DecodeParams& p, const LeanCursor& cur, QRegsState<Cfg>& st,
                                                   int warp, int g4, int tq) {
-  using Element = typename Cfg::Element;
+  using QElement = typename Cfg::QElement;
   constexpr int NKS = Cfg::kQKSteps;
   const int g = blockIdx.y, m_block = blockIdx.z;
-  const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)cur.bi * p.q_stride_b;
+  const QElement* qb = reinterpret_cast<const QElement*>(p.q) + (long long)cur.bi * p.q_stride_b;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = m_block * 16 + g4 + 8 * h;
     if (r < p.rows) {
       const auto [s, head] = query_row(p, g, r);
-      const unsigned* qrow =
-          reinterpret_cast<const unsigned*>(qb + s * p.q_stride_s + head * p.q_stride_h + 16 * warp + 2 * tq);
+      const QElement* qrow = qb + s * p.q_stride_s + head * p.q_stride_h + 16 * warp + 2 * tq;
 #pragma unroll
-      for (int j = 0; j < NKS; ++j) {
-        st.qf[j][h] = __ldg(qrow + 32 * j);          // columns 64 j + 16 warp + 2 tq + {0, 1}
-        st.qf[j][h + 2] = __ldg(qrow + 32 * j + 4);  // + 8
+      for (int j = 0; j < NKS; ++j) {  // columns 64 j + 16 warp + 2 tq + {0, 1}, and + 8
+        if constexpr (Cfg::kQFp8) {
+          const unsigned short* q2 = reinterpret_cast<const unsigned short*>(qrow + 64 * j);
+          st.qf[j][h] = e4m3::pair_to<typename Cfg::Element, Cfg::kHwCvt, 0>(__ldg(q2));
+          st.qf[j][h + 2] = e4m3::pair_to<typename Cfg::Element, Cfg::kHwCvt, 0>(__ldg(q2 + 4));
+        } else {
+          const unsigned* q2 = reinterpret_cast<const unsigned*>(qrow + 64 * j);
+          st.qf[j][h] = __ldg(q2);
+          st.qf[j][h + 2] = __ldg(q2 + 4);
+        }
       }
     } else {
 #pragma unroll
@@ -634,7 +776,7 @@ __device__ __forceinline__ void qregs_reduce_s(float (&s_acc)[Cfg::BLOCK_N / 8][
 // Online softmax (log2 domain) of S in place: P in registers as the A fragments pa of the P V
 // k16 steps, sc the O rescale of the thread's two rows.
 template <typename Cfg>
-__device__ __forceinline__ void qregs_softmax(const DecodeParams& p, float (&s_acc)[Cfg::BLOCK_N / 8][4],
+__device__ __forceinline__ void qregs_softmax(float scale_log2, float (&s_acc)[Cfg::BLOCK_N / 8][4],
                                               QRegsState<Cfg>& st, float (&sc)[2],
                                               unsigned (&pa)[Cfg::BLOCK_N / 16][4]) {
   using Element = typename Cfg::Element;
@@ -646,15 +788,15 @@ __device__ __forceinline__ void qregs_softmax(const DecodeParams& p, float (&s_a
     for (int nt = 0; nt < NTB; ++nt) mx = fmaxf(mx, fmaxf(s_acc[nt][2 * h], s_acc[nt][2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(st.m_run[h], mx * p.scale_log2);
+    const float m_new = fmaxf(st.m_run[h], mx * scale_log2);
     const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
     sc[h] = exp2f(st.m_run[h] - m_use);
     st.m_run[h] = m_new;
     float sum = 0.f;
 #pragma unroll
     for (int nt = 0; nt < NTB; ++nt) {
-      const float p0 = exp2f(fmaf(s_acc[nt][2 * h], p.scale_log2, -m_use));
-      const float p1 = exp2f(fmaf(s_acc[nt][2 * h + 1], p.scale_log2, -m_use));
+      const float p0 = exp2f(fmaf(s_acc[nt][2 * h], scale_log2, -m_use));
+      const float p1 = exp2f(fmaf(s_acc[nt][2 * h + 1], scale_log2, -m_use));
       sum += p0 + p1;
       s_acc[nt][2 * h] = p0;
       s_acc[nt][2 * h + 1] = p1;
@@ -705,8 +847,8 @@ __device__ __forceinline__ void qregs_pv(QRegsState<Cfg>& st, const float (&sc)[
 // writer per row, warp 0's quad leader; every warp holds the same m_run and l), O cleared.
 template <typename Cfg>
 __device__ __forceinline__ void qregs_finish_piece(const DecodeParams& p, const int* meta, const LeanCursor& cur,
-                                                   QRegsState<Cfg>& st, int warp, int g4, int tq, bool lse_writer) {
-  using Element = typename Cfg::Element;
+                                                   QRegsState<Cfg>& st, int warp, int g4, int tq, bool lse_writer,
+                                                   float v_scale) {
   constexpr int DV = Cfg::HEAD_DIM_V, WARP_DV = Cfg::WARP_DV;
   const int g = blockIdx.y, m_block = blockIdx.z;
   float l[2];
@@ -723,12 +865,12 @@ __device__ __forceinline__ void qregs_finish_piece(const DecodeParams& p, const 
   for (int h = 0; h < 2; ++h) {
     const int r = m_block * 16 + g4 + 8 * h;
     if (r >= p.rows) continue;
-    float inv_l = l[h] > 0.f ? 1.f / l[h] : 0.f;
+    float inv_l = l[h] > 0.f ? v_scale / l[h] : 0.f;
     // A single split is the final out: the attention sink applies here (else in the combine).
     if constexpr (Cfg::kSparse) {
       if (dest.single) inv_l *= sink_factor(p, query_row(p, g, r).head, st.m_run[h] + log2f(l[h]));
     }
-    store_o_row<Element, DV>(p, dest, cur.bi, g, r, col_base, st.o, h, inv_l);
+    store_o_row<typename Cfg::OutElement, DV>(p, dest, cur.bi, g, r, col_base, st.o, h, inv_l);
   }
   if (lse_writer) {
 #pragma unroll
@@ -748,7 +890,7 @@ __device__ __forceinline__ void qregs_finish_piece(const DecodeParams& p, const 
 // Per KV tile: wait for it, barrier A, refill the freed stage, partial S, exchange (barrier X),
 // softmax, P V; at a piece's end its epilogue.
 template <typename Cfg>
-__device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, const typename Cfg::Element* k_cache) {
+__device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, const typename Cfg::CacheT* k_cache) {
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
   constexpr int RC = Cfg::kRowChunks, WARP_DV = Cfg::WARP_DV;
   constexpr int NTB = BN / 8;  // n8 tiles of S (all tokens of the tile)
@@ -768,15 +910,11 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
 
   const unsigned sAux = s_base + Cfg::kOffLand;  // sparse: landing slots, then flags
 
+  const sm80::Scales scales = sm80::scales_of<Cfg>(p);
+
   sm80::KVProducer<Cfg> prod;
   prod.init(meta, seqlens, p, tid);
-#pragma unroll
-  for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens, sAux);
-  if constexpr (Cfg::kSparseFp8) {  // tile 0 de-quantized; from then on each tile one ahead of its use
-    sm80::cp_async_wait<NS - 2>();
-    __syncthreads();
-    sm80::dequant_tile<Cfg>(sAux, sKV, tid);
-  }
+  sm80::start_kv<Cfg>(prod, p, k_cache, sKV, g, seqlens, sAux, tid);
 
   sm80::LeanCursor cur;
   cur.init(meta, seqlens);
@@ -795,22 +933,18 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
   const unsigned x_ld = sX + unsigned(lane) * 16u;
 
   bool piece_start = true;
-  int stage = 0;
+  int stage = 0, land = 0;  // tile n's K stage and (e4m3 cache) landing slot
   while (cur.valid()) {
     if (piece_start) {
       sm80::qregs_start_piece<Cfg>(p, cur, st, warp, g4, tq);
       piece_start = false;
     }
 
-    // This thread's copies of tile n landed (sparse: of tile n + 1, de-quantized below).
+    // This thread's copies of tile n landed (converted tiles: of tile n + 1, converted below).
     sm80::cp_async_wait<Cfg::kSparseFp8 ? NS - 3 : NS - 2>();
-    __syncthreads();  // A: everyone's copies of tile n (+ 1) visible, tile n de-quantized; stage n-1 and xS free
-    prod.issue(p, k_cache, sKV, g, seqlens, sAux);  // tile n + NS - 1 -> stage (n - 1) % NS
-    if constexpr (Cfg::kSparseFp8) {  // tile n + 1: its landing slot into its K stage (read after the next A)
-      const int next = stage + 1 == NS ? 0 : stage + 1;
-      sm80::dequant_tile<Cfg>(sAux + unsigned(next * BN * Cfg::kLandRowBytes),
-                              sKV + unsigned(next) * unsigned(Cfg::kStageBytes), tid);
-    }
+    __syncthreads();  // A: everyone's copies of tile n (+ 1) visible, tile n converted; stage n-1 and xS free
+    prod.issue(p, k_cache, sKV, g, seqlens, sAux);  // tile n + NS - 1 -> stage (n - 1) % NS (e4m3: n + NS -> n % NS)
+    sm80::convert_next_tile<Cfg>(sAux, sKV, stage, land, tid);
 
     const unsigned sK = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
     const bool last = cur.tok + BN >= cur.stop;
@@ -821,13 +955,13 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
                               Cfg::kSparse ? sAux + unsigned(Cfg::kLandBytes + stage * BN) : 0u);
     float sc[2];
     unsigned pa[BN / 16][4];
-    sm80::qregs_softmax<Cfg>(p, s_acc, st, sc, pa);
+    sm80::qregs_softmax<Cfg>(scales.s_log2, s_acc, st, sc, pa);
     sm80::qregs_pv<Cfg>(st, sc, pa, sK, v_base, v_x);
     if (last) {
-      sm80::qregs_finish_piece<Cfg>(p, meta, cur, st, warp, g4, tq, /*lse_writer=*/warp == 0 && tq == 0);
+      sm80::qregs_finish_piece<Cfg>(p, meta, cur, st, warp, g4, tq, /*lse_writer=*/warp == 0 && tq == 0, scales.v);
       piece_start = true;
     }
-    stage = stage + 1 == NS ? 0 : stage + 1;
+    stage = stage + 1 == Cfg::kKStages ? 0 : stage + 1;
     cur.template advance<BN>(meta, seqlens);
   }
   sm80::cp_async_wait<0>();
@@ -853,9 +987,9 @@ __device__ __forceinline__ void clear_o(float (&o)[O_MT][O_NT][4]) {
 template <typename Cfg>
 __device__ __forceinline__ void qsmem_load_q(const DecodeParams& p, unsigned char* smem, int bi, int tid, int m_block,
                                              int g) {
-  using Element = typename Cfg::Element;
+  using QElement = typename Cfg::QElement;
   constexpr int BM = Cfg::BLOCK_M, NT = Cfg::NUM_THREADS, RC = Cfg::kRowChunks;
-  const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)bi * p.q_stride_b;
+  const QElement* qb = reinterpret_cast<const QElement*>(p.q) + (long long)bi * p.q_stride_b;
 #pragma unroll 6
   for (int it = 0; it < (Cfg::kQChunks + NT - 1) / NT; ++it) {
     const int idx = it * NT + tid;
@@ -865,7 +999,13 @@ __device__ __forceinline__ void qsmem_load_q(const DecodeParams& p, unsigned cha
       uint4 v = make_uint4(0u, 0u, 0u, 0u);  // padded rows are zero
       if (r < p.rows) {
         const auto [s, head] = query_row(p, g, r);
-        v = __ldg(reinterpret_cast<const uint4*>(qb + s * p.q_stride_s + head * p.q_stride_h + c * 8));
+        const QElement* src = qb + s * p.q_stride_s + head * p.q_stride_h + c * 8;
+        if constexpr (Cfg::kQFp8) {  // 8 e4m3 values, converted
+          const uint2 w = __ldg(reinterpret_cast<const uint2*>(src));
+          v = e4m3::oct_to<typename Cfg::Element, Cfg::kHwCvt>(w.x, w.y);
+        } else {
+          v = __ldg(reinterpret_cast<const uint4*>(src));
+        }
       }
       *reinterpret_cast<uint4*>(smem + Cfg::kOffQ + swz<RC>(lr, c)) = v;
     }
@@ -1022,7 +1162,7 @@ __device__ __forceinline__ void qsmem_mask_row_max(float (&s_acc)[Cfg::S_NT][4],
 // barrier B): P -> smem, the O rescale of each row -> row_scale, and at a piece's last tile the
 // group's row sums -> red_sum.
 template <typename Cfg>
-__device__ __forceinline__ void qsmem_softmax(const DecodeParams& p, const float (&s_acc)[Cfg::S_NT][4],
+__device__ __forceinline__ void qsmem_softmax(float scale_log2, const float (&s_acc)[Cfg::S_NT][4],
                                               float (&m_run)[2], float (&l_part)[2], int q_row0, int s_col0, int wn,
                                               int lane, bool last, unsigned char* smem) {
   using Element = typename Cfg::Element;
@@ -1037,15 +1177,15 @@ __device__ __forceinline__ void qsmem_softmax(const DecodeParams& p, const float
     float mx = red_max[row];
 #pragma unroll
     for (int j = 1; j < WN; ++j) mx = fmaxf(mx, red_max[j * BM + row]);
-    const float m_new = fmaxf(m_run[h], mx * p.scale_log2);
+    const float m_new = fmaxf(m_run[h], mx * scale_log2);
     const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
     const float sc = exp2f(m_run[h] - m_use);
     m_run[h] = m_new;
     float sum = 0.f;
 #pragma unroll
     for (int nt = 0; nt < S_NT; ++nt) {
-      const float p0 = exp2f(fmaf(s_acc[nt][2 * h], p.scale_log2, -m_use));
-      const float p1 = exp2f(fmaf(s_acc[nt][2 * h + 1], p.scale_log2, -m_use));
+      const float p0 = exp2f(fmaf(s_acc[nt][2 * h], scale_log2, -m_use));
+      const float p1 = exp2f(fmaf(s_acc[nt][2 * h + 1], scale_log2, -m_use));
       sum += p0 + p1;
       const int col = s_col0 + nt * 8;
       *reinterpret_cast<unsigned*>(p_gen + swz<PRC>(row, col / 8) + (col % 8) * 2) = ElemTraits<Element>::pack2(p0, p1);
@@ -1118,8 +1258,8 @@ __device__ __forceinline__ void qsmem_pv_tile(float (&o)[O_MT][O_NT][4], unsigne
 template <typename Cfg, int O_MT, int O_NT>
 __device__ __forceinline__ void qsmem_finish_piece(const DecodeParams& p, const int* meta, int bi, bool first_piece,
                                                    float (&o)[O_MT][O_NT][4], float (&m_run)[2], float (&l_part)[2],
-                                                   const float* red_sum, int o_col0, int q_row0, int wn, int lane) {
-  using Element = typename Cfg::Element;
+                                                   const float* red_sum, int o_col0, int q_row0, int wn, int lane,
+                                                   float v_scale) {
   constexpr int BM = Cfg::BLOCK_M, DV = Cfg::HEAD_DIM_V, WN = Cfg::WN;
   const int g = blockIdx.y, m_block = blockIdx.z;
   const PieceDest dest = piece_dest(p, bi, first_piece ? __ldg(meta + kMetaBeginSplit) : 0);
@@ -1135,11 +1275,11 @@ __device__ __forceinline__ void qsmem_finish_piece(const DecodeParams& p, const 
       float l = red_sum[lr];
 #pragma unroll
       for (int j = 1; j < WN; ++j) l += red_sum[j * BM + lr];
-      float inv_l = l > 0.f ? 1.f / l : 0.f;
+      float inv_l = l > 0.f ? v_scale / l : 0.f;
       if constexpr (Cfg::kSparse) {  // a single split is the final out: the attention sink applies here
         if (dest.single) inv_l *= sink_factor(p, query_row(p, g, r).head, row_max[lr] + log2f(l));
       }
-      store_o_row<Element, DV>(p, dest, bi, g, r, col_base, o[mt], h, inv_l);
+      store_o_row<typename Cfg::OutElement, DV>(p, dest, bi, g, r, col_base, o[mt], h, inv_l);
     }
   }
   // LSE: one writer per row (QK layout, wn == 0, quad leader), which holds m_run of the row.
@@ -1173,7 +1313,7 @@ __device__ __forceinline__ void qsmem_finish_piece(const DecodeParams& p, const 
 // struct): either change moved ptxas's register assignment of this ~250-register kernel by a few
 // moves, on some targets for the worse.
 template <typename Cfg>
-__device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, const typename Cfg::Element* k_cache) {
+__device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, const typename Cfg::CacheT* k_cache) {
   using Element = typename Cfg::Element;
   constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N;
   constexpr int NS = Cfg::NUM_STAGES;
@@ -1212,23 +1352,13 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
   const int* meta = p.tile_scheduler_metadata + part * kMetaSize;
   const auto seqlens = sm80::lengths_of<Cfg::kSparse>(p);
 
+  const sm80::Scales scales = sm80::scales_of<Cfg>(p);
+
   sm80::KVProducer<Cfg> prod;
   prod.init(meta, seqlens, p, tid);
-  // The first NUM_STAGES - 1 tiles are issued after the first piece's Q loads (below): issued
-  // first, every CTA's KV loads queue ahead of Q's (as in the sm90 ws kernel).
+  // The first tiles are issued after the first piece's Q loads (below): issued first, every CTA's
+  // KV loads queue ahead of Q's (as in the sm90 ws kernel).
   bool kv_started = false;
-  auto start_kv = [&]() {
-    if (!kv_started) {
-#pragma unroll
-      for (int s = 0; s < NS - 1; ++s) prod.issue(p, k_cache, sKV, g, seqlens, sAux);
-      if constexpr (Cfg::kSparseFp8) {  // tile 0 de-quantized; from then on each tile one ahead of its use
-        sm80::cp_async_wait<NS - 2>();
-        __syncthreads();
-        sm80::dequant_tile<Cfg>(sAux, sKV, tid);
-      }
-      kv_started = true;
-    }
-  };
 
   // ------------------------------------------------------------------ consumer state
   sm80::LeanCursor cur;
@@ -1275,7 +1405,7 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
   const unsigned x_ld = sX + unsigned(lane) * 16u;
 
   bool piece_start = true;
-  int stage = 0;
+  int stage = 0, land = 0;  // tile n's K stage and (e4m3 cache) landing slot
   sm80::PhaseTrace<Cfg::NUM_WARPS> phases(warp, lane);
   while (cur.valid()) {
     if (piece_start) {
@@ -1290,20 +1420,19 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
         lim[h] = min(lc, cur.stop);
       }
       piece_start = false;
-      start_kv();
+      if (!kv_started) {
+        sm80::start_kv<Cfg>(prod, p, k_cache, sKV, g, seqlens, sAux, tid);
+        kv_started = true;
+      }
     }
 
     phases.mark(0);
-    // This thread's copies of tile n landed (FP8 records: of tile n + 1, de-quantized below).
+    // This thread's copies of tile n landed (converted tiles: of tile n + 1, converted below).
     sm80::cp_async_wait<Cfg::kSparseFp8 ? NS - 3 : NS - 2>();
     __syncthreads();                // A: everyone's copies of tile n (and Q) are visible; stage n-1, P free
     phases.mark(1);
-    prod.issue(p, k_cache, sKV, g, seqlens, sAux);  // tile n + NS - 1 -> stage (n - 1) % NS
-    if constexpr (Cfg::kSparseFp8) {  // tile n + 1: its landing slot into its K stage (read after the next A)
-      const int next = stage + 1 == NS ? 0 : stage + 1;
-      sm80::dequant_tile<Cfg>(sAux + unsigned(next * BN * Cfg::kLandRowBytes),
-                              sKV + unsigned(next) * unsigned(Cfg::kStageBytes), tid);
-    }
+    prod.issue(p, k_cache, sKV, g, seqlens, sAux);  // tile n + NS - 1 -> stage (n - 1) % NS (e4m3: n + NS -> n % NS)
+    sm80::convert_next_tile<Cfg>(sAux, sKV, stage, land, tid);
 
     const unsigned sK = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
     const bool last = cur.tok + BN >= cur.stop;
@@ -1373,26 +1502,26 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
     __syncthreads();  // B: row maxima of all warps visible; every xS read done (P may overwrite it)
     phases.mark(4);
 
-    sm80::qsmem_softmax<Cfg>(p, s_acc, m_run, l_part, q_row0, s_col0, wn, lane, last, smem);
+    sm80::qsmem_softmax<Cfg>(scales.s_log2, s_acc, m_run, l_part, q_row0, s_col0, wn, lane, last, smem);
     __syncthreads();  // C: P, row_scale (and red_sum) visible
     phases.mark(5);
 
     sm80::qsmem_pv_tile<Cfg>(o, sK, sP, row_scale, v_lane, lane);
     if (last) {
       sm80::qsmem_finish_piece<Cfg>(p, meta, cur.bi, cur.first_piece(meta), o, m_run, l_part, red_sum, o_col0,
-                                    q_row0, wn, lane);
+                                    q_row0, wn, lane, scales.v);
     }
     phases.mark(6);
     phases.next_tile();
     if (last) piece_start = true;
-    stage = stage + 1 == NS ? 0 : stage + 1;
+    stage = stage + 1 == Cfg::kKStages ? 0 : stage + 1;
     cur.template advance<BN>(meta, seqlens);
   }
   sm80::cp_async_wait<0>();
 }
 
 template <typename Cfg>
-__device__ __forceinline__ void mla_splitkv_sm80_body(const DecodeParams& p, const typename Cfg::Element* k_cache) {
+__device__ __forceinline__ void mla_splitkv_sm80_body(const DecodeParams& p, const typename Cfg::CacheT* k_cache) {
   if constexpr (Cfg::kQInRegs)
     mla_splitkv_sm80_qregs<Cfg>(p, k_cache);
   else
