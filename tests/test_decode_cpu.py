@@ -295,7 +295,7 @@ def test_sm80_residency_model_matches_header(cache_root):
         out = "bf16" if dtype == "e4m3" else dtype
         cpp = (f"mla_jit::decode::SplitKVSm80Config<{cpp_of[cfg.mma_dtype]}, {d}, {dv}, 64, {cfg.block_m}, "
                f"{cfg.block_n}, {cfg.num_stages}, {cfg.num_warps}, {cfg.smem_limit}, 0, {kv_fp8}, {cpp_of[dtype]}, "
-               f"{cpp_of[out]}>")
+               f"{cpp_of[out]}, {cfg.fp8_k_stages}>")
         checks.append(f"static_assert({cpp}::kSmemBytes == {cfg.smem_bytes}, \"smem\");\n"
                       f"static_assert({cpp}::kMinBlocksPerSm == {_sm80_min_blocks(cfg.block_m)}, \"min blocks\");")
         if cfg.kv_fp8:   # the schedule is planned from the bf16 kernel: same rows a CTA, as many CTAs an SM

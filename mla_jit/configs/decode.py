@@ -67,6 +67,9 @@ class Sm80DecodeConfig:
     kv_dtype: str | None = None
     # e4m3 -> fp16 by the sm_89+ cvt instruction instead of bit arithmetic (fp16 MMAs only).
     fp8_cvt: bool = False
+    # K stages of the MMA dtype over an e4m3 cache: 2 (each tile converted a tile ahead), or 1 (converted
+    # at its turn behind a second barrier: 32-token tiles, where 2 stages do not fit).
+    fp8_k_stages: int = 2
 
     def __post_init__(self):
         # Field by field what SplitKVSm80Config's static_asserts accept (splitkv_sm80.cuh); the
@@ -74,7 +77,7 @@ class Sm80DecodeConfig:
         check_fields(self, dtype=("bf16", "fp16", "e4m3"), head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS),
                      page_size=SUPPORTED_PAGE_SIZES, block_m=(16, 32, 64), block_n=(16, 32, 64),
                      num_stages=(2, 3, 4), num_warps=(4, 8), smem_limit=range(1, 228 * 1024 + 1))
-        check_fields(self, sparse=tuple(SPARSE_KV), fp8_cvt=(False, True))
+        check_fields(self, sparse=tuple(SPARSE_KV), fp8_cvt=(False, True), fp8_k_stages=(2, 1))
         if self.kv_dtype not in KV_DTYPES:
             raise InvalidArgumentError("Sm80DecodeConfig.kv_dtype", f"one of {KV_DTYPES}", repr(self.kv_dtype))
         if self.kv_dtype is not None and self.dtype == "e4m3":
@@ -82,6 +85,9 @@ class Sm80DecodeConfig:
                                        f"{self.kv_dtype!r} with dtype {self.dtype!r}")
         if self.kv_fp8 and self.sparse:
             raise InvalidArgumentError("Sm80DecodeConfig.sparse", "'' with an e4m3 cache", repr(self.sparse))
+        if self.fp8_k_stages != 2 and not self.kv_fp8:
+            raise InvalidArgumentError("Sm80DecodeConfig.fp8_k_stages", "2 unless the cache is e4m3",
+                                       str(self.fp8_k_stages))
         if self.fp8_cvt and not (self.kv_fp8 and self.mma_dtype == "fp16"):
             raise InvalidArgumentError("Sm80DecodeConfig.fp8_cvt", "False unless an e4m3 cache meets fp16 MMAs",
                                        f"True with dtype {self.dtype!r}, kv_dtype {self.kv_dtype!r}")
@@ -127,7 +133,7 @@ class Sm80DecodeConfig:
     def smem_bytes(self) -> int:
         """The kernel's dynamic shared memory (SplitKVSm80Config::kSmemBytes)."""
         return _sm80_smem_bytes(self.block_m, self.block_n, self.num_stages, self.num_warps, self.head_dim,
-                                self.sparse, self.kv_fp8)
+                                self.sparse, self.fp8_k_stages if self.kv_fp8 else 0)
 
 
 # Per-block shared memory: sm_80 163 KB, sm_86/sm_89 99 KB.
@@ -271,11 +277,14 @@ def sm80_decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: in
     """kv_dtype: the cache's dtype where it is not q's (`dtype`)."""
     kv_dtype = None if kv_dtype == dtype else kv_dtype
     kv_fp8 = dtype == "e4m3" or kv_dtype == "e4m3"
-    block_m, block_n, stages, warps = (_sm80_fp8_tiles if kv_fp8 else _sm80_tiles)(rows, arch)
+    if kv_fp8:
+        block_m, block_n, stages, warps, k_stages = _sm80_fp8_tiles(rows, arch)
+    else:
+        (block_m, block_n, stages, warps), k_stages = _sm80_tiles(rows, arch), 2
     # sm_89 converts e4m3 to fp16 in one instruction a pair; to bf16, bit arithmetic is as short.
     fp8_cvt = kv_fp8 and arch.name == "sm_89" and (dtype == "e4m3" or dtype == "fp16")
     return Sm80DecodeConfig(dtype, head_dim, head_dim_v, page_size, block_m, block_n, stages, warps,
-                            _SMEM_LIMIT[arch.name], kv_dtype=kv_dtype, fp8_cvt=fp8_cvt)
+                            _SMEM_LIMIT[arch.name], kv_dtype=kv_dtype, fp8_cvt=fp8_cvt, fp8_k_stages=k_stages)
 
 
 def _sm80_tiles(rows: int, arch: Arch) -> tuple[int, int, int, int]:
@@ -292,19 +301,20 @@ def _sm80_tiles(rows: int, arch: Arch) -> tuple[int, int, int, int]:
     return (32, 16, 3, 4)
 
 
-def _sm80_fp8_tiles(rows: int, arch: Arch) -> tuple[int, int, int, int]:
-    """(block_m, block_n, landing slots, warps) over an e4m3 cache: 2 K stages of the MMA dtype plus
-    the landing slots, so 16-token tiles. The block_m of _sm80_tiles and at least its CTAs per SM on
-    every GPU (the schedule is planned without the cache's dtype; test_decode_plan_cpu checks this):
-    rows <= 16, every arch: 16 x 16, 3 slots, 4 warps (68,608 B at d = 576).
-    sm_80: rows <= 32: 32 x 16, 3 slots, 4 warps (108,160 B); more rows: 64 x 16, 3 slots, 8 warps
-    (151,808 B). sm_86 / sm_89: 32 x 16, 2 slots, 4 warps (98,944 B: a 2-slot ring still keeps one tile
-    in flight while the next is converted and the current one multiplied)."""
+def _sm80_fp8_tiles(rows: int, arch: Arch) -> tuple[int, int, int, int, int]:
+    """(block_m, block_n, landing slots, warps, K stages) over an e4m3 cache: the block_m of
+    _sm80_tiles and at least its CTAs per SM on every GPU (the schedule is planned without the
+    cache's dtype; test_decode_cpu checks this). Smem at d = 576:
+    rows <= 16, every arch: 16 x 16, 3 slots, 4 warps, 2 K stages (68,608 B).
+    sm_80: 32 x 32 (rows <= 32, 4 warps) and 64 x 32 (8 warps), 2 slots, 1 K stage (115,328 and
+    165,120 B: the bf16 kernel's; 16-token tiles with 2 K stages ran at 0.61-0.78x of it on the H200,
+    paying the per-tile exchange and barriers twice per 32 keys). sm_86 / sm_89: 32 x 16, 2 slots,
+    2 K stages (98,944 B: a 2-slot ring still keeps one tile in flight while the next is converted)."""
     if rows <= 16:
-        return (16, 16, 3, 4)
+        return (16, 16, 3, 4, 2)
     if arch.name == "sm_80":
-        return (32, 16, 3, 4) if rows <= 32 else (64, 16, 3, 8)
-    return (32, 16, 2, 4)
+        return (32, 32, 2, 4, 1) if rows <= 32 else (64, 32, 2, 8, 1)
+    return (32, 16, 2, 4, 2)
 
 
 # Sparse decode: a landing slot row per token and stage (512 e4m3 values + 4 float32 scales).
@@ -312,17 +322,18 @@ SPARSE_LANDING_ROW_BYTES = 528
 
 
 def _sm80_smem_bytes(block_m: int, block_n: int, stages: int, warps: int, head_dim: int,
-                     sparse: str = "", kv_fp8: bool = False) -> int:
+                     sparse: str = "", fp8_k_stages: int = 0) -> int:
     """Mirror of SplitKVSm80Config::kSmemBytes (splitkv_sm80.cuh): [Q] KV stages, [landing slots,
-    sparse flags], P / xS, reductions. An e4m3 cache: 2 K stages and `stages` landing slots."""
+    sparse flags], P / xS, reductions. An e4m3 cache (fp8_k_stages > 0): that many K stages and
+    `stages` landing slots."""
     stage = block_n * head_dim * 2   # a K stage, and (per stage) what goes with it
     fixed = 0                        # the rest of the stage area
     if sparse == "fp8_records":
         stage += block_n * SPARSE_LANDING_ROW_BYTES
     if sparse:
         fixed = -(-stages * block_n // 16) * 16   # the tokens' valid flags
-    if kv_fp8:   # `stages` landing slots of head_dim bytes a token, and 2 K stages
-        stage, fixed = block_n * head_dim, 2 * stage
+    if fp8_k_stages:   # `stages` landing slots of head_dim bytes a token, and the K stages
+        stage, fixed = block_n * head_dim, fp8_k_stages * stage
     if block_m == 16:   # Q in registers: KV stages + xS (a float4 per lane per n8 tile per warp)
         return stages * stage + fixed + warps * (block_n // 8) * 32 * 16
     wn = warps // (block_m // 16)

@@ -111,6 +111,7 @@ class MlaDecodeSm80Family(KernelFamily[Sm80DecodeConfig]):
         return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "dtype": cpp_type(cfg.mma_dtype),
                 "q_dtype": cpp_type(cfg.dtype), "out_dtype": cpp_type(out_dtype_of(cfg.dtype)),
                 "cache_dtype": cpp_type(cache_dtype), "kv_fp8": (2 if cfg.fp8_cvt else 1) if cfg.kv_fp8 else 0,
+                "fp8_k_stages": cfg.fp8_k_stages,
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "page_size": cfg.page_size,
                 "block_m": cfg.block_m, "block_n": cfg.block_n, "num_stages": cfg.num_stages,
                 "num_warps": cfg.num_warps, "smem_limit": cfg.smem_limit,

@@ -65,8 +65,10 @@
 // (the producer issues tile n + NS at tile n, NS tiles ahead instead of NS - 1), and after barrier
 // A of tile n every thread converts its own chunks of tile n + 1 (waited for before that barrier)
 // exactly into K stage (n + 1) % 2 of Element, which tile n - 1 left: tile n + 1 is read after the
-// next barrier A. S's scale takes descale_q * descale_k and O descale_k (read on the GPU). An e4m3
-// q is converted as it is loaded (Element fp16: exact).
+// next barrier A. With one K stage (FP8_K_STAGES 1: 32-token tiles where two stages do not fit),
+// tile n itself is converted after barrier A and a second barrier (A') publishes it before S; the
+// loads then run NS tiles ahead. S's scale takes descale_q * descale_k and O descale_k (read on the
+// GPU). An e4m3 q is converted as it is loaded (Element fp16: exact).
 //
 // The O rescale (O *= exp2(m_old - m_new)) is skipped when every factor a warp would apply is
 // exactly 1 (the running max did not move): x * 1.0f == x, so the result is bit-identical.
@@ -92,7 +94,7 @@ enum SparseKV : int { kDenseKV = 0, kSparseFp8Records = 1, kSparseBf16Rows = 2 }
 enum KvFp8 : int { kKvElement = 0, kKvE4m3Bits = 1, kKvE4m3Cvt = 2 };
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_, int BLOCK_N_,
           int NUM_STAGES_, int NUM_WARPS_, int SMEM_LIMIT_, int SPARSE_KV_ = kDenseKV, int KV_FP8_ = kKvElement,
-          typename QElement_ = Element_, typename OutElement_ = Element_>
+          typename QElement_ = Element_, typename OutElement_ = Element_, int FP8_K_STAGES_ = 2>
 struct SplitKVSm80Config {
   using Element = Element_;
   using QElement = QElement_;
@@ -109,13 +111,20 @@ struct SplitKVSm80Config {
   // Sparse: gathered tokens, masked by per-token valid flags; FP8 records also de-quantized.
   static constexpr bool kSparse = SPARSE_KV_ != kDenseKV;
   static constexpr bool kSparseFp8 = SPARSE_KV_ == kSparseFp8Records;
-  // An e4m3 cache (dense): NUM_STAGES e4m3 landing slots, each tile converted into one of 2 Element
-  // K stages a tile ahead of its use (the loads run NUM_STAGES - 2 tiles ahead of that).
+  // An e4m3 cache (dense): NUM_STAGES e4m3 landing slots and FP8_K_STAGES Element K stages; with 2,
+  // each tile is converted a tile ahead of its use (the loads run NUM_STAGES - 2 tiles ahead of
+  // that); with 1 (32-token tiles where 2 do not fit), at its turn behind a second barrier.
   static constexpr bool kKvFp8 = KV_FP8_ != kKvElement;
   static constexpr bool kHwCvt = KV_FP8_ == kKvE4m3Cvt;
   static constexpr bool kQFp8 = cute::is_same_v<QElement, cutlass::float_e4m3_t>;
   using CacheT = cute::conditional_t<kKvFp8, unsigned char, Element>;
-  static constexpr int kKStages = kKvFp8 ? 2 : NUM_STAGES;
+  static constexpr int kKStages = kKvFp8 ? FP8_K_STAGES_ : NUM_STAGES;
+  static_assert(FP8_K_STAGES_ == 2 || (kKvFp8 && FP8_K_STAGES_ == 1), "FP8_K_STAGES: 2, or 1 over an e4m3 cache");
+  // cp.async groups a thread may leave pending at barrier A of tile n: the tile it needs then (n, or
+  // n + 1 where tiles are converted a tile ahead) must have landed. The producer has issued NS - 1
+  // tiles past tile n by then (an e4m3 cache: NS).
+  static constexpr int kPendingAtA = kSparseFp8 ? NUM_STAGES - 3 : (kKvFp8 && kKStages == 1) ? NUM_STAGES - 1
+                                                                                             : NUM_STAGES - 2;
 
   // Variant: Q in registers (one 16-row tile, QK split over d across the 4 warps) or in smem.
   static constexpr bool kQInRegs = BLOCK_M == 16;
@@ -184,9 +193,11 @@ struct SplitKVSm80Config {
                     (kThreadsPerToken % 8 == 0 || 8 % kThreadsPerToken == 0),
                 "every thread copies whole chunks of one token");
   // e4m3 cache: a token's HEAD_DIM bytes land in its landing slot row as 16-byte chunks q + TPT i
-  // (a bound check where TPT does not divide them); its 8-value units q + TPT i are converted by
-  // the same threads into K chunks of the same low 3 bits (so TPT is a multiple of 8).
-  static_assert(!kKvFp8 || kThreadsPerToken % 8 == 0, "e4m3 cache: 8, 16, .. threads per token");
+  // (a bound check where TPT does not divide them). Conversion: kCvtThreads threads a token (at
+  // least 8: a quarter warp writes one row's 128-byte period), kCvtTokens tokens a pass.
+  static constexpr int kCvtThreads = kThreadsPerToken > 8 ? kThreadsPerToken : 8;
+  static constexpr int kCvtTokens = NUM_THREADS / kCvtThreads;
+  static_assert(!kKvFp8 || (kCvtThreads % 8 == 0 && BLOCK_N % kCvtTokens == 0), "e4m3 conversion passes");
 
   // Sparse decode over FP8 records: a token's record is 512 e4m3 values, 4 float32 scales (one per
   // 128 values) and 64 bf16 rope values. The first 528 bytes land in a landing slot (one per stage),
@@ -549,24 +560,29 @@ __device__ __forceinline__ Scales scales_of(const DecodeParams& p) {
 }
 
 // e4m3 cache: the tile in landing slot sLand converted (exactly) into the Element K stage at sK.
-// Thread t converts 8-value units q + TPT i of token t / TPT (q = t % TPT), the token and chunk
-// split of its copies: a quarter warp writes 8 chunks of one row's 128-byte period (no bank
-// conflicts), a half warp reads 2 x 64 contiguous bytes of 2 rows HEAD_DIM bytes apart.
+// Thread t converts 8-value units q + CT i (CT = kCvtThreads, q = t % CT) of tokens t / CT + kCvtTokens j:
+// a quarter warp writes 8 chunks of one row's 128-byte period (no bank conflicts), a half warp
+// reads 2 x 64 contiguous bytes of 2 rows HEAD_DIM bytes apart.
 template <typename Cfg>
 __device__ __forceinline__ void convert_kv_tile(unsigned sLand, unsigned sK, int tid) {
-  constexpr int TPT = Cfg::kThreadsPerToken, D = Cfg::HEAD_DIM, kRowUnits = D / 8;
-  const int tok = tid / TPT, q = tid % TPT;
-  const unsigned src = sLand + unsigned(tok * D + q * 8);
-  const unsigned dst = sK + unsigned(tok * Cfg::kRowChunks) * 16u + unsigned(((q & 7) ^ (tok & 7)) * 16 + (q >> 3) * 128);
+  constexpr int CT = Cfg::kCvtThreads, D = Cfg::HEAD_DIM, kRowUnits = D / 8;
+  const int q = tid % CT;
 #pragma unroll
-  for (int i = 0; i < (kRowUnits + TPT - 1) / TPT; ++i) {
-    if (kRowUnits % TPT == 0 || q + TPT * i < kRowUnits) {
-      unsigned w0, w1;
-      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w0), "=r"(w1) : "r"(src + unsigned(TPT * i * 8)));
-      const uint4 v = e4m3::oct_to<typename Cfg::Element, Cfg::kHwCvt>(w0, w1);
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + unsigned((TPT / 8) * i * 128)), "r"(v.x),
-                   "r"(v.y), "r"(v.z), "r"(v.w)
-                   : "memory");
+  for (int j = 0; j < Cfg::BLOCK_N / Cfg::kCvtTokens; ++j) {
+    const int tok = tid / CT + Cfg::kCvtTokens * j;
+    const unsigned src = sLand + unsigned(tok * D + q * 8);
+    const unsigned dst =
+        sK + unsigned(tok * Cfg::kRowChunks) * 16u + unsigned(((q & 7) ^ (tok & 7)) * 16 + (q >> 3) * 128);
+#pragma unroll
+    for (int i = 0; i < (kRowUnits + CT - 1) / CT; ++i) {
+      if (kRowUnits % CT == 0 || q + CT * i < kRowUnits) {
+        unsigned w0, w1;
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w0), "=r"(w1) : "r"(src + unsigned(CT * i * 8)));
+        const uint4 v = e4m3::oct_to<typename Cfg::Element, Cfg::kHwCvt>(w0, w1);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + unsigned((CT / 8) * i * 128)), "r"(v.x),
+                     "r"(v.y), "r"(v.z), "r"(v.w)
+                     : "memory");
+      }
     }
   }
 }
@@ -585,24 +601,35 @@ __device__ __forceinline__ void start_kv(KVProducer<Cfg>& prod, const DecodePara
     cp_async_wait<NS - 2>();
     __syncthreads();
     dequant_tile<Cfg>(sAux, sKV, tid);
-  } else if constexpr (Cfg::kKvFp8) {
+  } else if constexpr (Cfg::kKvFp8 && Cfg::kKStages == 2) {
     cp_async_wait<NS - 1>();
     __syncthreads();
     convert_kv_tile<Cfg>(sAux, sKV, tid);
   }
 }
 
-// After barrier A of tile n (K stage `stage`), where tiles are converted: tile n + 1, landed, into
-// its K stage (FP8 records: stage + 1 of the common ring; an e4m3 cache: landing slot `land` + 1 into
-// the other of its 2 K stages), read after the next barrier A.
+// After barrier A of tile n (K stage `stage`, landing slot `land`): the next tile's loads issued
+// into the stage / slot freed, and where tiles are converted, tile n + 1 (landed) into its K stage
+// (FP8 records: stage + 1 of the common ring; an e4m3 cache: slot land + 1 into the other of its 2 K
+// stages), read after the next barrier A. An e4m3 cache with one K stage: tile n converted into it
+// now, behind a barrier (A': the stage visible, slot `land` free for tile n + NS).
 template <typename Cfg>
-__device__ __forceinline__ void convert_next_tile(unsigned sAux, unsigned sKV, int stage, int& land, int tid) {
+__device__ __forceinline__ void refill_and_convert(KVProducer<Cfg>& prod, const DecodeParams& p,
+                                                   const typename Cfg::CacheT* k_cache, unsigned sKV, int g,
+                                                   const Lengths<Cfg::kSparse>& seqlens, unsigned sAux, int stage,
+                                                   int& land, int tid) {
   constexpr int NS = Cfg::NUM_STAGES, BN = Cfg::BLOCK_N;
+  if constexpr (Cfg::kKvFp8 && Cfg::kKStages == 1) {
+    convert_kv_tile<Cfg>(sAux + unsigned(land * BN * Cfg::kLandRowBytes), sKV, tid);
+    __syncthreads();  // A'
+    land = land + 1 == NS ? 0 : land + 1;
+  }
+  prod.issue(p, k_cache, sKV, g, seqlens, sAux);  // tile n + NS - 1 -> stage (n - 1) % NS (e4m3: n + NS -> n % NS)
   if constexpr (Cfg::kSparseFp8) {
     const int next = stage + 1 == NS ? 0 : stage + 1;
     dequant_tile<Cfg>(sAux + unsigned(next * BN * Cfg::kLandRowBytes), sKV + unsigned(next) * unsigned(Cfg::kStageBytes),
                       tid);
-  } else if constexpr (Cfg::kKvFp8) {
+  } else if constexpr (Cfg::kKvFp8 && Cfg::kKStages == 2) {
     land = land + 1 == NS ? 0 : land + 1;
     convert_kv_tile<Cfg>(sAux + unsigned(land * BN * Cfg::kLandRowBytes),
                          sKV + unsigned(stage ^ 1) * unsigned(Cfg::kStageBytes), tid);
@@ -940,11 +967,10 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
       piece_start = false;
     }
 
-    // This thread's copies of tile n landed (converted tiles: of tile n + 1, converted below).
-    sm80::cp_async_wait<Cfg::kSparseFp8 ? NS - 3 : NS - 2>();
+    // This thread's copies of tile n landed (converted a tile ahead: of tile n + 1, converted below).
+    sm80::cp_async_wait<Cfg::kPendingAtA>();
     __syncthreads();  // A: everyone's copies of tile n (+ 1) visible, tile n converted; stage n-1 and xS free
-    prod.issue(p, k_cache, sKV, g, seqlens, sAux);  // tile n + NS - 1 -> stage (n - 1) % NS (e4m3: n + NS -> n % NS)
-    sm80::convert_next_tile<Cfg>(sAux, sKV, stage, land, tid);
+    sm80::refill_and_convert<Cfg>(prod, p, k_cache, sKV, g, seqlens, sAux, stage, land, tid);
 
     const unsigned sK = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
     const bool last = cur.tok + BN >= cur.stop;
@@ -1427,12 +1453,11 @@ __device__ __forceinline__ void mla_splitkv_sm80_qsmem(const DecodeParams& p, co
     }
 
     phases.mark(0);
-    // This thread's copies of tile n landed (converted tiles: of tile n + 1, converted below).
-    sm80::cp_async_wait<Cfg::kSparseFp8 ? NS - 3 : NS - 2>();
+    // This thread's copies of tile n landed (converted a tile ahead: of tile n + 1, converted below).
+    sm80::cp_async_wait<Cfg::kPendingAtA>();
     __syncthreads();                // A: everyone's copies of tile n (and Q) are visible; stage n-1, P free
     phases.mark(1);
-    prod.issue(p, k_cache, sKV, g, seqlens, sAux);  // tile n + NS - 1 -> stage (n - 1) % NS (e4m3: n + NS -> n % NS)
-    sm80::convert_next_tile<Cfg>(sAux, sKV, stage, land, tid);
+    sm80::refill_and_convert<Cfg>(prod, p, k_cache, sKV, g, seqlens, sAux, stage, land, tid);
 
     const unsigned sK = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
     const bool last = cur.tok + BN >= cur.stop;
