@@ -41,6 +41,11 @@ class MlaMetadataFamily(KernelFamily[MetadataConfig]):
         return [metadata_config()]
 
 
+# (q dtype, cache dtype where it differs) the decode families prewarm: DeepSeek V3 servers run a bf16
+# cache, or an FP8 (e4m3) one with e4m3 q (vLLM, SGLang) or with bf16 q (the accurate path).
+_PREWARM_DTYPES = (("bf16", None), ("e4m3", None), ("bf16", "e4m3"))
+
+
 def _preset_shapes(presets: list[Preset]) -> list[Preset]:
     return [p for p in presets if (p.head_dim, p.head_dim_v) in SUPPORTED_HEAD_DIMS]
 
@@ -81,10 +86,8 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
         # Clustered kernels where a preset's row tiles (s_q 1 to 4) share KV; the unclustered one too
         # (a GPU that cannot keep every cluster resident falls back to it).
         cluster = env.choice(CLUSTER_ENV.name)
-        # bf16 and FP8 (e4m3) caches: DeepSeek V3 servers run either, the FP8 cache with e4m3 q
-        # (vLLM, SGLang) or with bf16 q (the accurate path).
         configs = (decode_config(dtype, p.head_dim, p.head_dim_v, p.page_size, arch, schedule, cluster_m, kv_dtype)
-                   for dtype, kv_dtype in (("bf16", None), ("e4m3", None), ("bf16", "e4m3"))
+                   for dtype, kv_dtype in _PREWARM_DTYPES
                    for p in _preset_shapes(presets) for schedule in schedules
                    for cluster_m in _cluster_sizes(p, cluster))
         return list(dict.fromkeys(configs))
@@ -120,10 +123,9 @@ class MlaDecodeSm80Family(KernelFamily[Sm80DecodeConfig]):
                 "combine_min_blocks": 4 if arch.target.major < 9 else 1}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[Sm80DecodeConfig]:
-        # bf16 and FP8 caches, as on sm_90a (MlaDecodeSm90Family.prewarm_configs)
         configs = (sm80_decode_config(dtype, p.head_dim, p.head_dim_v, p.page_size,
                                       s_q * p.num_heads_q // p.num_heads_kv, arch, kv_dtype)
-                   for dtype, kv_dtype in (("bf16", None), ("e4m3", None), ("bf16", "e4m3"))
+                   for dtype, kv_dtype in _PREWARM_DTYPES
                    for p in _preset_shapes(presets) for s_q in (1, 2))
         return list(dict.fromkeys(configs))
 

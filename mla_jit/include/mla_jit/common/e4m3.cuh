@@ -7,6 +7,8 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "sm80.cuh"
+
 namespace mla_jit {
 namespace e4m3 {
 
@@ -14,8 +16,8 @@ namespace e4m3 {
 // half). kHwCvt: cvt.rn.f16x2.e4m3x2 (sm_89 and later, T = fp16); else bit arithmetic (any sm_80+):
 // each byte s.eeee.mmm moves to the top of a 16-bit lane, its 7 magnitude bits shift down onto T's
 // exponent / mantissa (exponent field e, mantissa mmm00..), which is the value times 2^-8 (fp16,
-// exponent bias 15 against 7) or 2^-120 (bf16, bias 127), subnormals included; one multiply by
-// 2^8 / 2^120 restores it exactly.
+// exponent bias 15 against 7: sm80::e4m3x2_to_f16x2_scaled) or 2^-120 (bf16, bias 127), subnormals
+// included; one multiply by 2^8 / 2^120 restores it exactly.
 template <typename T, bool kHwCvt, int k>
 __device__ __forceinline__ unsigned pair_to(unsigned w) {
   static_assert(k == 0 || k == 1, "byte pair 0 (bytes 0, 1) or 1 (bytes 2, 3)");
@@ -27,14 +29,14 @@ __device__ __forceinline__ unsigned pair_to(unsigned w) {
     return r;
   } else {
     const unsigned x = __byte_perm(w, 0u, k ? 0x3424u : 0x1404u);  // [b 2k+1, 0, b 2k, 0]
-    const unsigned sign = x & 0x80008000u, mag = x & 0x7F007F00u;
     unsigned r;
-    if constexpr (cute::is_same_v<T, cutlass::half_t>) {
-      asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(sign | (mag >> 1)), "r"(0x5C005C00u));  // x 2^8
+    if constexpr (cute::is_same_v<T, cutlass::half_t>) {  // x 2^8
+      asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(sm80::e4m3x2_to_f16x2_scaled(x)), "r"(0x5C005C00u));
     } else {
       static_assert(cute::is_same_v<T, cutlass::bfloat16_t>, "bf16 or fp16");
       // x 2^120 (fma: sm_80 has no bf16x2 mul; + -0 keeps the sign of zero)
-      asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(sign | (mag >> 4)), "r"(0x7B807B80u), "r"(0x80008000u));
+      const unsigned scaled = (x & 0x80008000u) | ((x >> 4) & 0x07F007F0u);
+      asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(scaled), "r"(0x7B807B80u), "r"(0x80008000u));
     }
     return r;
   }
