@@ -13,6 +13,9 @@ if ! python3 -c "import cutlass_library" 2>/dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+if [ -n "${PREWARM_ARGS:-}" ]; then  # e.g. "--preset deepseek-v3 --op flash_mla_with_kvcache"
+  python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" $PREWARM_ARGS 2>&1 | tail -n 2
+fi
 # Compile the decode kernels the tests use in parallel first (the tests then load them from disk).
 if [ -z "${SKIP_DECODE_PREWARM:-}" ]; then
 configs=()
@@ -150,6 +153,10 @@ for case in ${TRACE_CASES:-}; do  # e.g. TRACE_CASES="32,1,4096,16 128,1,4096,16
   PYTHONPATH=$PWD/bench:$PYTHONPATH python3 bench/trace_decode.py ${case//,/ } ${TRACE_ARGS:-} \
     --rows-out "$OUT/trace_${case//,/_}.csv" 2>&1 | tail -n 20
 done
+if [ -z "${SKIP_TP_STARTUP_BENCH:-}" ]; then  # tensor-parallel ranks starting from a warm shared root
+  timeout "${BENCH_TIMEOUT:-400}" python3 bench/bench_tp_startup.py --ranks "${TP_RANKS:-8}" \
+    --json "$OUT/tp_startup.json" 2>&1 | tee "$OUT/tp_startup.log" | tail -n 10
+fi
 echo "pytest exit status: $status"
 python3 scripts/summarize_gpu_run.py "$OUT"
 exit $status

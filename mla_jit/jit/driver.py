@@ -1,6 +1,7 @@
 """Thin checked wrappers over cuda.bindings.driver."""
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from ..errors import LaunchError
@@ -30,14 +31,37 @@ def init() -> None:
     check(cu().cuInit(0), "cuInit")
 
 
-def ensure_context(device_index: int) -> None:
-    """Make torch's (primary) context of `device_index` current on this thread."""
+_primary: dict[int, int] = {}   # device index -> its primary context handle (retained once per process)
+
+
+def primary_context(device_index: int):
+    """torch's (primary) context of `device_index`, retained once per process."""
     import torch
-    torch.cuda.init()
     driver = cu()
-    init()
-    ctx = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    if ctx is None or int(ctx) == 0:
+    ctx = _primary.get(device_index)
+    if ctx is None:
+        torch.cuda.init()
+        init()
         dev = check(driver.cuDeviceGet(device_index), "cuDeviceGet")
-        primary = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-        check(driver.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+        ctx = _primary.setdefault(device_index, check(driver.cuDevicePrimaryCtxRetain(dev),
+                                                      "cuDevicePrimaryCtxRetain"))
+    return ctx
+
+
+@contextlib.contextmanager
+def device_context(device_index: int):
+    """Run the block with `device_index`'s primary context current on this thread, and give the
+    thread back the context it had (none, or another device's). Loading a kernel binds its function
+    to the current context, so this must hold whatever device the caller's thread is on (cold paths
+    only: loading, occupancy queries; launches switch through torch's device guard)."""
+    driver = cu()
+    ctx = primary_context(device_index)
+    current = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if current is not None and int(current) == int(ctx):
+        yield
+        return
+    check(driver.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+    try:
+        yield
+    finally:
+        check(driver.cuCtxPopCurrent(), "cuCtxPopCurrent")

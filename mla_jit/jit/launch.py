@@ -12,7 +12,7 @@ import ctypes
 import threading
 from typing import Any, Sequence
 
-from .driver import check, cu
+from .driver import check, cu, device_context
 from .loader import LoadedKernel
 
 # Parameter kinds. A kind is either a ctypes scalar type or a fixed-size byte blob (structs,
@@ -111,14 +111,27 @@ class PreparedLaunch:
         self._plain = None if attrs else (driver.cuLaunchKernel, self._function, *grid, *block, dynamic_smem)
         self._stream = None
         self._grid = self._config_grid = tuple(grid)
+        self._device = kernel.device_index
+        import torch  # (not at module level: the CLI imports this module without torch)
+        # ~0.1 us; the public torch.cuda.current_device adds lazy-init checks
+        self._current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+        self._device_guard = torch.cuda.device
 
     def __call__(self, stream: int, *args, grid: tuple[int, int, int] | None = None) -> None:
-        """Launch on `stream` (a raw cudaStream_t handle, e.g. torch's stream.cuda_stream).
+        """Launch on `stream` (a raw cudaStream_t handle of the kernel's device, e.g. torch's
+        stream.cuda_stream), whatever device is current on this thread.
 
         Scalars are given as Python numbers; Blob parameters as an Immutable (a TmaDescriptor),
         `bytes` of the blob's size (struct.pack), or a ctypes object of that size. `grid` replaces
         the prepared grid for this launch (kernels whose grid follows the call's lengths).
         """
+        if self._current_device() == self._device:
+            self._enqueue(stream, args, grid)
+        else:  # the caller's thread is on another GPU: enqueue from this kernel's context, then go back
+            with self._device_guard(self._device):
+                self._enqueue(stream, args, grid)
+
+    def _enqueue(self, stream: int, args: tuple, grid: tuple[int, int, int] | None) -> None:
         if len(args) != self._arity:
             raise TypeError(f"{self.kernel.name} takes {self._arity} arguments, got {len(args)}")
         with self._lock:  # the slots are shared: one launch fills and enqueues at a time
@@ -161,5 +174,6 @@ def max_active_clusters(kernel: LoadedKernel, grid: tuple[int, int, int], block:
     """How many clusters of `cluster` CTAs of this kernel the GPU keeps resident at once
     (cuOccupancyMaxActiveClusters): an SM's neighbours in its GPC bound it, not the SM count alone."""
     config, _attrs = _launch_config(grid, block, dynamic_smem, cluster, pdl=False)
-    return int(check(cu().cuOccupancyMaxActiveClusters(kernel.function, config),
-                     f"cuOccupancyMaxActiveClusters({kernel.name})"))
+    with device_context(kernel.device_index):
+        return int(check(cu().cuOccupancyMaxActiveClusters(kernel.function, config),
+                         f"cuOccupancyMaxActiveClusters({kernel.name})"))

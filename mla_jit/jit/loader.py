@@ -5,7 +5,7 @@ import threading
 from dataclasses import dataclass
 
 from .build import Binary
-from .driver import check, cu, ensure_context, init
+from .driver import check, cu, device_context, init
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,7 @@ def get_kernel(binary: Binary, entry: str, device_index: int, dynamic_smem: int 
     if (hit := _functions.get(memo)) is not None and hit.max_dynamic_smem >= dynamic_smem:
         return hit
     driver = cu()
-    with _lock:
-        ensure_context(device_index)
+    with _lock, device_context(device_index):
         kernel = check(driver.cuLibraryGetKernel(_library(binary), entry.encode()), f"cuLibraryGetKernel({entry})")
         function = check(driver.cuKernelGetFunction(kernel), "cuKernelGetFunction")
         if dynamic_smem > 0:
@@ -57,8 +56,7 @@ def read_global_int32(binary: Binary, symbol: str, device_index: int) -> int:
     """Value of an `extern "C" __device__ const int` in the binary (read once at load time)."""
     import ctypes
     driver = cu()
-    with _lock:
-        ensure_context(device_index)
+    with _lock, device_context(device_index):
         dptr, size = check(driver.cuLibraryGetGlobal(_library(binary), symbol.encode()),
                            f"cuLibraryGetGlobal({symbol})")
         value = ctypes.c_int32()
@@ -69,8 +67,7 @@ def read_global_int32(binary: Binary, symbol: str, device_index: int) -> int:
 def global_address(binary: Binary, symbol: str, device_index: int) -> tuple[int, int]:
     """(device address, size in bytes) of an `extern "C" __device__` variable of the binary."""
     driver = cu()
-    with _lock:
-        ensure_context(device_index)
+    with _lock, device_context(device_index):
         dptr, size = check(driver.cuLibraryGetGlobal(_library(binary), symbol.encode()),
                            f"cuLibraryGetGlobal({symbol})")
     return int(dptr), int(size)
