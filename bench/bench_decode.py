@@ -151,14 +151,15 @@ def spec_rows(flush: torch.Tensor, json_path: str | None) -> None:
             json.dump({"gpu": torch.cuda.get_device_name(), "spec_rows": rows}, f, indent=1)
 
 
-def fp8_rows(flush: torch.Tensor, json_path: str | None, anchor_rows: int) -> None:
+def fp8_rows(flush: torch.Tensor, json_path: str | None, anchor_rows: int, against=None) -> None:
     """Our bf16 decode, our FP8 decode (e4m3 q and cache) and our bf16 q over the e4m3 cache, on the
     same inputs (the FP8 ones quantized from the bf16 ones), interleaved call by call: the anchor
-    rows, then SPEC_SHAPES. TFLOPS and GB/s are the FP8 decode's (1-byte q and cache)."""
+    rows, then SPEC_SHAPES. TFLOPS and GB/s are the FP8 decode's (1-byte q and cache). `against`
+    (another copy of the package): its FP8 decode too, in the same interleaving."""
     shapes = list(dict.fromkeys([row[:5] for row in ANCHOR_ROWS[:anchor_rows]] + SPEC_SHAPES))
     rows = []
     print(f"{'b':>4} {'sq':>2} {'sk':>6} {'hq':>4} {'c':>1} {'bf16 us':>8} {'fp8 us':>8} {'ratio':>6} "
-          f"{'TFLOPS':>7} {'GB/s':>6} {'kv8 us':>8} {'ratio':>6}")
+          f"{'TFLOPS':>7} {'GB/s':>6} {'kv8 us':>8} {'ratio':>6}" + (f" {'vs fp8 us':>9} {'ratio':>6}" if against else ""))
     for b, s_q, s_k, h_q, causal in shapes:
         q, k_cache, block_table, lens = make_inputs(b, s_q, s_k, h_q)
         (q8, descale_q), (k8, descale_k) = quantize_e4m3(q), quantize_e4m3(k_cache)
@@ -169,15 +170,20 @@ def fp8_rows(flush: torch.Tensor, json_path: str | None, anchor_rows: int) -> No
                                 descale_q=descale_q, descale_k=descale_k)
         kv8 = functools.partial(mla_jit.flash_mla_with_kvcache, q, k8, *common, causal=bool(causal),
                                 descale_k=descale_k)
-        bf16_us, fp8_us, kv8_us = time_interleaved([(lambda: None, bf16), (lambda: None, fp8), (lambda: None, kv8)],
-                                                   flush)
+        calls = [(lambda: None, bf16), (lambda: None, fp8), (lambda: None, kv8)]
+        if against is not None:
+            calls.append((lambda: None, functools.partial(
+                against.flash_mla_with_kvcache_fp8, q8, k8, *common, causal=bool(causal), descale_q=descale_q,
+                descale_k=descale_k)))
+        bf16_us, fp8_us, kv8_us, *vs_us = time_interleaved(calls, flush)
         flop, nbytes = flop_and_bytes(b, s_q, h_q, lens, elem_bytes=1)
         rows.append({"b": b, "s_q": s_q, "s_k": s_k, "h_q": h_q, "causal": causal, "bf16_us": bf16_us,
                      "us": fp8_us, "ratio": bf16_us / fp8_us, "tflops": flop / fp8_us / 1e6,
-                     "gbps": nbytes / fp8_us / 1e3, "kv8_us": kv8_us, "kv8_ratio": bf16_us / kv8_us})
+                     "gbps": nbytes / fp8_us / 1e3, "kv8_us": kv8_us, "kv8_ratio": bf16_us / kv8_us,
+                     **({"against_fp8_us": vs_us[0]} if vs_us else {})})
         print(f"{b:>4} {s_q:>2} {s_k:>6} {h_q:>4} {causal:>1} {bf16_us:8.1f} {fp8_us:8.1f} {bf16_us / fp8_us:6.3f} "
-              f"{flop / fp8_us / 1e6:7.0f} {nbytes / fp8_us / 1e3:6.0f} {kv8_us:8.1f} {bf16_us / kv8_us:6.3f}",
-              flush=True)
+              f"{flop / fp8_us / 1e6:7.0f} {nbytes / fp8_us / 1e3:6.0f} {kv8_us:8.1f} {bf16_us / kv8_us:6.3f}"
+              + (f" {vs_us[0]:9.1f} {vs_us[0] / fp8_us:6.3f}" if vs_us else ""), flush=True)
         del q, k_cache, q8, k8, block_table
         torch.cuda.empty_cache()
     if json_path:
@@ -237,7 +243,7 @@ def main() -> None:
         spec_rows(flush, args.json)
         return
     if args.fp8:
-        fp8_rows(flush, args.json, args.rows)
+        fp8_rows(flush, args.json, args.rows, packages[1] if len(packages) > 1 else None)
         return
     results = []
     for b, s_q, s_k, h_q, causal, anchor_us in ANCHOR_ROWS[:args.rows]:

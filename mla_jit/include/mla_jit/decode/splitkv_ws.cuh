@@ -165,11 +165,12 @@ struct WsCursor {
   }
 };
 
-// Sparse, built with MLA_JIT_TRACE: %clock64 at 8 points of tiles kFirstTile .. + kTiles of each
-// CTA, a row per (CTA, tile) of mla_jit_trace_phases (bench/trace_ws_sparse.py reads them).
-// WG0's thread 0: 0 before the wait for the tile, 1 after it, 2 S done, 3 P published. Thread 128
-// (P V, its loop's tile n): 4 past the named barrier, 5 tile n + 1 de-quantized (FP8 records),
-// 6 P(n) arrived, 7 P V(n) and the work beside it done.
+// Sparse and e4m3 kernels, built with MLA_JIT_TRACE: %clock64 at 8 points of tiles kFirstTile ..
+// + kTiles of each CTA, a row per (CTA, tile) of mla_jit_trace_phases (bench/trace_ws_phases.py
+// reads them). WG0's thread 0: 0 before the wait for the tile, 1 after it, 2 S done, 3 P stored
+// (sparse: published). Thread 128 (P V, its loop's tile n): sparse: 4 past the named barrier,
+// 5 tile n + 1 de-quantized (FP8 records); e4m3: 4 before the wait for tile n, 5 its V^T written
+// (both warpgroups' halves: barrier); both: 6 P(n) arrived, 7 P V(n) and the work beside it done.
 struct WsPhaseTrace {
   static constexpr int kFirstTile = 8, kTiles = 8;
   __device__ __forceinline__ static void mark(int n, int event) {
@@ -811,10 +812,10 @@ __device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSo
   const int tw = ws_opaque(threadIdx.x % 128);
   const int stage = n % NS;
   Element* kv = ss.kv[stage];
-  if (Cfg::kSparse && tw == 0) WsPhaseTrace::mark(n, 0);
+  if ((Cfg::kSparse || Cfg::kFp8) && tw == 0) WsPhaseTrace::mark(n, 0);
   // KV_FP8: the P V warpgroups de-quantized the tile (tail rows zeroed there).
   mbarrier_wait(Cfg::kDequantInPv ? &ss.kv_ready[stage] : &ss.full[stage], (n / NS) & 1);
-  if (Cfg::kSparse && tw == 0) WsPhaseTrace::mark(n, 1);
+  if ((Cfg::kSparse || Cfg::kFp8) && tw == 0) WsPhaseTrace::mark(n, 1);
   // bf16 rows: the gather's cp.async bytes (generic proxy) are read by wgmma (async proxy).
   if constexpr (Cfg::kSparse && !Cfg::kSparseFp8) fence_proxy_async_shared();
   if (n == 0 && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceTile0);
@@ -1067,7 +1068,7 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, Lens
     const int stage = n % NS;
 
     ws_wait_s<Cfg>(ss, st, tw, unpublished);
-    if (Cfg::kSparse && tw == 0) WsPhaseTrace::mark(n, 2);
+    if ((Cfg::kSparse || Cfg::kFp8) && tw == 0) WsPhaseTrace::mark(n, 2);
     float sc[2];  // O rescale of this tile
     ws_softmax<Cfg>(p, st, row0, col_lane, sc, Cfg::kDescaled ? fp8_scale_log2 : p.scale_log2,
                     ss.tile_valid + (Cfg::kSparse ? 2 * (n % Cfg::kFlagSlots) : 0));
@@ -1085,7 +1086,7 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, Lens
     // KV_FP8: every P at once. The P V warpgroups de-quantize tile n + 1 before P V(n), and
     // S(n + 1) waits for that: P(n) held back until S(n + 1) started would serialize the three.
     if (last || Cfg::kDequantInPv) ws_publish_p<Cfg>(ss, tw, stage);
-    if (Cfg::kSparse && tw == 0) WsPhaseTrace::mark(n, 3);
+    if ((Cfg::kSparse || Cfg::kFp8) && tw == 0) WsPhaseTrace::mark(n, 3);
     if (last) {
       if constexpr (!Cfg::kFusedCombine) {
         if ((tw & 3) == 0) ws_store_lse<Cfg>(p, st, row0, lse2);
@@ -1282,11 +1283,14 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
   Element* v_half;
   if constexpr (Cfg::kFp8) {
     v_half = ss.vt + (vt_buf * 2 + half) * (DV / 2 * BN);
+    if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 4);
     mbarrier_wait(&ss.full[stage], phase);
     transpose_v_half_e4m3<BN>(smem_addr(kv + half * (DV / 2) * BN), smem_addr(v_half), ss.tile_valid[stage], tid_wg);
     fence_proxy_async_shared();  // read by wgmma (async proxy)
     named_barrier_sync(kBarVt + half, 128);
+    if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 5);
     mbarrier_wait(&ss.p_full[stage], phase);
+    if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 6);
   } else {
     v_half = kv + half * (DV / 2) * BN;
     mbarrier_wait(&ss.p_full[stage], phase);
@@ -1314,7 +1318,7 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
 
   cute::warpgroup_wait<0>();
   cute::warpgroup_fence_operand(tOrO);
-  if (Cfg::kSparse && tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 7);
+  if ((Cfg::kSparse || Cfg::kFp8) && tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 7);
   // Read the rest of stage s's slots before releasing the stage.
   const WsTileInfo info = ss.info[stage];
   if constexpr (Cfg::kFp8) {

@@ -1,0 +1,117 @@
+"""Where a tile's time goes in the warp-specialized wgmma kernel (splitkv_ws.cuh, built with
+MLA_JIT_TRACE=1): its sparse form, or the dense decode over an e4m3 cache.
+
+Usage: python bench/trace_ws_phases.py sparse B S_Q H_Q [--topk K] [--runs N]
+       python bench/trace_ws_phases.py fp8 B S_Q S_K H_Q [--runs N]
+sparse: a sparse decode over FP8 records (inputs as bench_sparse_decode.py); fp8: the dense decode
+with e4m3 q and cache (inputs as bench_decode.py --fp8). 8 GB L2 flush before the traced call.
+WG0's thread 0 and thread 128 (a P V warpgroup) record %clock64 at 8 points of tiles 8..15 of each
+CTA (WsPhaseTrace); this prints the median over those rows, in SM clocks:
+  WG0  wait    tile n's stage announced (sparse: kv_ready; fp8: TMA full)   S    S(n) issued and done
+       smax    softmax, P(n) stored (sparse: and published)                 gap  to the next tile's wait
+  P V  sparse: deq    named barrier -> tile n + 1 de-quantized               waitP  -> P(n) arrived
+       fp8:    deq    wait for tile n's bytes + V^T transpose + barrier      waitP  -> P(n) arrived
+       pv      P V(n) (sparse: with the gather beside it)                    loop   -> the next tile's start
+and the tile period (WG0's wait start to the next one's). Needs >= 16 tiles per CTA (e.g. sparse 128 1 64,
+fp8 128 1 32768 16).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+os.environ["MLA_JIT_TRACE"] = "1"  # before any kernel is built: part of the cache key
+
+import torch  # noqa: E402
+
+import mla_jit  # noqa: E402
+from trace_decode import _read  # noqa: E402  (bench/ is sys.path[0])
+from mla_jit.errors import LaunchError  # noqa: E402
+from mla_jit.jit.driver import check, cu  # noqa: E402
+from mla_jit.jit.loader import global_address  # noqa: E402
+from mla_jit.runtimes import registry  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from sparse_inputs import SparseCase, make_sparse_inputs  # noqa: E402
+
+TILES = 8  # WsPhaseTrace::kTiles
+
+
+def _phase_tables(family: str, device: int) -> list[tuple[int, int]]:
+    found = []
+    for binary in list(registry.get(family)._binaries.values()):
+        try:
+            found.append(global_address(binary, "mla_jit_trace_phases", device))
+        except LaunchError:  # built without the table
+            pass
+    return found
+
+
+def _sparse_call(args):
+    case = SparseCase(args.dims[0], args.dims[1], args.dims[2], args.topk, s_k=32768, invalid=0.0)
+    q, records, _, indices, _, _ = make_sparse_inputs(case)
+    sched, _ = mla_jit.get_mla_metadata()
+    return "mla_sparse_sm90", lambda: mla_jit.flash_mla_with_kvcache(q, records, None, None, 512, sched, None,
+                                                                     is_fp8_kvcache=True, indices=indices)
+
+
+def _fp8_call(args):
+    from decode_inputs import DecodeCase, make_fp8_inputs
+    b, s_q, s_k, h_q = args.dims
+    case = DecodeCase(b, s_q, s_k, h_q, causal=s_q > 1)
+    q8, k8, block_table, lens, descale_q, descale_k = make_fp8_inputs(case, seed=0)
+    meta, splits = mla_jit.get_mla_metadata(lens, s_q * h_q, 1)
+    return "mla_decode_sm90", lambda: mla_jit.flash_mla_with_kvcache_fp8(
+        q8, k8, block_table, lens, 512, meta, splits, causal=case.causal, descale_q=descale_q, descale_k=descale_k)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=("sparse", "fp8"))
+    parser.add_argument("dims", type=int, nargs="+", help="sparse: B S_Q H_Q; fp8: B S_Q S_K H_Q")
+    parser.add_argument("--topk", type=int, default=2048)
+    parser.add_argument("--runs", type=int, default=3, help="calls (the last one is read), at least 1")
+    args = parser.parse_args()
+    if len(args.dims) != (3 if args.kind == "sparse" else 4):
+        parser.error(f"{args.kind} takes {'B S_Q H_Q' if args.kind == 'sparse' else 'B S_Q S_K H_Q'}")
+    family, call = (_sparse_call if args.kind == "sparse" else _fp8_call)(args)
+    flush = torch.empty(8 << 30, dtype=torch.uint8, device="cuda")
+    call()
+    torch.cuda.synchronize()
+    tables = _phase_tables(family, torch.cuda.current_device())
+    if not tables:
+        raise SystemExit(f"no {family} binary with a phase table (sparse: h_q above 16 on sm_90a?)")
+    for _ in range(max(1, args.runs)):
+        for address, nbytes in tables:
+            check(cu().cuMemsetD8(address, 0, nbytes), "clearing a trace table")
+        flush.zero_()
+        call()
+        torch.cuda.synchronize()
+    rows = {r[0]: r[1:] for address, nbytes in tables for r in _read(address, nbytes)}
+    complete = {i: r for i, r in rows.items() if all(r[:8])}
+    names = ("wait", "S", "smax", "gap", "deq", "waitP", "pv", "loop", "period")
+    spans = {n: [] for n in names}
+    for i, r in complete.items():
+        spans["wait"].append(r[1] - r[0])
+        spans["S"].append(r[2] - r[1])
+        spans["smax"].append(r[3] - r[2])
+        spans["deq"].append(r[5] - r[4])
+        spans["waitP"].append(r[6] - r[5])
+        spans["pv"].append(r[7] - r[6])
+        nxt = complete.get(i + 1) if i % TILES != TILES - 1 else None
+        if nxt:
+            spans["gap"].append(nxt[0] - r[3])
+            spans["loop"].append(nxt[4] - r[7])
+            spans["period"].append(nxt[0] - r[0])
+    if not spans["period"]:
+        raise SystemExit("no complete rows: at least 16 tiles per CTA needed")
+    shape = "/".join(map(str, args.dims)) + (f" topk {args.topk}" if args.kind == "sparse" else "")
+    print(f"== {args.kind} decode {shape} ({torch.cuda.get_device_name(0)}): "
+          f"{len(complete)} rows, clocks (median)")
+    print("  " + "  ".join(f"{n} {statistics.median(v):.0f}" for n, v in spans.items() if v))
+
+
+if __name__ == "__main__":
+    main()
