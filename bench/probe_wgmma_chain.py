@@ -1,5 +1,7 @@
 """Probe: how fast does a chain of dependent wgmma instructions (one accumulator) run on this GPU,
-for one warpgroup alone and for two warpgroups with independent chains at once?
+for one warpgroup alone and for two warpgroups with independent chains at once? And how long does
+issuing the chain hold the issuing warps (clock after the commit minus clock before the first
+wgmma, as a share of the chain's time): what a warpgroup can overlap with its own wgmmas.
 
 The decode kernel's S = Q K^T is a chain of 36 m64n64k16 wgmmas into one accumulator. If a chain
 is latency-bound, a second independent chain (another warpgroup) runs at no extra wall time,
@@ -50,6 +52,7 @@ __device__ __forceinline__ void chain_body(float* out, long long* cycles, int it
   Tensor acc = partition_fragment_C(
       make_tiled_mma(GMMA::ss_op_selector<T, T, float, Shape<_64, Int<N>, Int<16 * CHAIN>>>()), Shape<_64, Int<N>>{});
   clear(acc);
+  long long issue = 0;
   long long start = clock64();
   if constexpr (RS) {
     auto mma = make_tiled_mma(GMMA::rs_op_selector<T, T, float, Shape<_64, Int<N>, Int<16 * CHAIN>>>());
@@ -61,10 +64,12 @@ __device__ __forceinline__ void chain_body(float* out, long long* cycles, int it
     for (int it = 0; it < iters; ++it) {
       warpgroup_fence_operand(rA);
       warpgroup_fence_operand(acc);
+      const long long t0 = clock64();
       warpgroup_arrive();
 #pragma unroll
       for (int k = 0; k < CHAIN; ++k) gemm(mma, rA(_, _, k), tB(_, _, k), acc);
       warpgroup_commit_batch();
+      issue += clock64() - t0;
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc);
     }
@@ -75,10 +80,12 @@ __device__ __forceinline__ void chain_body(float* out, long long* cycles, int it
     Tensor tB = thr.partition_fragment_B(sB);
     for (int it = 0; it < iters; ++it) {
       warpgroup_fence_operand(acc);
+      const long long t0 = clock64();
       warpgroup_arrive();
 #pragma unroll
       for (int k = 0; k < CHAIN; ++k) gemm(mma, tA(_, _, k), tB(_, _, k), acc);
       warpgroup_commit_batch();
+      issue += clock64() - t0;
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc);
     }
@@ -88,7 +95,10 @@ __device__ __forceinline__ void chain_body(float* out, long long* cycles, int it
 #pragma unroll
   for (int i = 0; i < size(acc); ++i) s += acc(i);
   out[blockIdx.x * blockDim.x + threadIdx.x] = s;
-  if (threadIdx.x == 0) cycles[blockIdx.x] = stop - start;
+  if (threadIdx.x == 0) {
+    cycles[blockIdx.x] = stop - start;
+    cycles[gridDim.x + blockIdx.x] = issue;
+  }
 }
 '''
 ENTRY = r'''
@@ -109,7 +119,7 @@ def main() -> None:
     binary = build(KernelSource("probe_wgmma_chain", source, tuple(names), resolve_for_build("sm_90a"), "none"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = torch.empty(sms * 256, device="cuda")
-    cycles = torch.empty(sms, dtype=torch.int64, device="cuda")
+    cycles = torch.empty(2 * sms, dtype=torch.int64, device="cuda")
     results = []
     for name, n, chain, rs, wgs in VARIANTS:
         smem = (64 + n) * 16 * chain * 2
@@ -118,13 +128,14 @@ def main() -> None:
         launch(current_stream(0), out.data_ptr(), cycles.data_ptr(), 8)  # warm
         launch(current_stream(0), out.data_ptr(), cycles.data_ptr(), ITERS)
         torch.cuda.synchronize()
-        cyc = cycles.double().median().item()
+        cyc = cycles[:sms].double().median().item()
+        issue_share = cycles[sms:].double().median().item() / cyc
         per_instr = cyc / ITERS / chain
         macs = 64 * n * 16 * chain * ITERS * wgs
         results.append({"variant": name, "warpgroups": wgs, "cycles_per_wgmma": per_instr,
-                        "macs_per_cycle_per_sm": macs / cyc})
+                        "macs_per_cycle_per_sm": macs / cyc, "issue_share": issue_share})
         print(f"{name:12} warpgroups={wgs}  {per_instr:7.1f} cycles per wgmma (per chain)  "
-              f"{macs / cyc:7.0f} MAC/cycle/SM")
+              f"{macs / cyc:7.0f} MAC/cycle/SM  issue holds the warps {100 * issue_share:5.1f}% of the chain")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
