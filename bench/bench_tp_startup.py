@@ -5,9 +5,10 @@ A warm run (one process) puts every kernel the ranks need into the writable root
 mode `attention`: DeepSeek V3 decode and MHA-mode prefill on this rank's share of 128 heads), each
 with that root as MLA_JIT_READONLY_CACHE_DIRS, a fresh writable root of its own and MLA_JIT_OFFLINE=1.
 Ranks go to GPU LOCAL_RANK % device_count (on one GPU all share it: gloo). Times are seconds since
-each rank's process was created; the table's last line is rank 0.
+each rank's process was created. --cold: no warm run; the ranks start on one empty shared writable
+root (each kernel compiled by one rank while the others wait for it).
 
-    python bench/bench_tp_startup.py --ranks 8 [--backend gloo|nccl] [--json out.json]
+    python bench/bench_tp_startup.py --ranks 8 [--cold] [--backend gloo|nccl] [--json out.json]
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--backend", default=None, help="default: nccl with a GPU per rank, else gloo")
+    parser.add_argument("--cold", action="store_true", help="start on an empty shared writable root")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     import torch
@@ -39,19 +41,25 @@ def main() -> None:
     backend = args.backend or ("nccl" if torch.cuda.device_count() >= args.ranks else "gloo")
     with tempfile.TemporaryDirectory(prefix="tp_startup_") as tmp:
         tmp = Path(tmp)
-        warm = subprocess.run([sys.executable, str(RANK_SCRIPT), "warm", str(tmp), str(args.ranks)], cwd=REPO,
-                              capture_output=True, text=True)
-        if warm.returncode:
-            raise SystemExit(f"warm run failed:\n{warm.stderr[-4000:]}")
         out = tmp / "reports"
         out.mkdir()
-        env = {"MLA_JIT_READONLY_CACHE_DIRS": str(jit_env.cache_dir()),
-               "MLA_JIT_RANK_CACHE_DIR": str(tmp / "local" / "rank{rank}"), "MLA_JIT_OFFLINE": "1",
-               "MLA_JIT_TP_BACKEND": backend, "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}
-        reports = wait_ranks(start_ranks(args.ranks, ["attention", str(out)], env), out, args.ranks, timeout=900)
+        env = {"MLA_JIT_TP_BACKEND": backend, "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}
+        if args.cold:
+            env.update({"MLA_JIT_CACHE_DIR": str(tmp / "shared"), "MLA_JIT_READONLY_CACHE_DIRS": "",
+                        "MLA_JIT_RANK_CACHE_DIR": "", "MLA_JIT_OFFLINE": "0"})
+        else:
+            warm = subprocess.run([sys.executable, str(RANK_SCRIPT), "warm", str(tmp), str(args.ranks)], cwd=REPO,
+                                  capture_output=True, text=True)
+            if warm.returncode:
+                raise SystemExit(f"warm run failed:\n{warm.stderr[-4000:]}")
+            env.update({"MLA_JIT_READONLY_CACHE_DIRS": str(jit_env.cache_dir()),
+                        "MLA_JIT_RANK_CACHE_DIR": str(tmp / "local" / "rank{rank}"), "MLA_JIT_OFFLINE": "1"})
+        reports = wait_ranks(start_ranks(args.ranks, ["attention", str(out)], env), out, args.ranks, timeout=1800)
     gpu = reports[0]["gpu"]
+    compiled = sum(origin == "compiled" for r in reports for origin in r["origins"].values())
     print(f"\n{args.ranks} ranks ({backend}, {torch.cuda.device_count()} x {gpu}), heads per rank "
-          f"{128 // args.ranks}; seconds since each rank's process was created")
+          f"{128 // args.ranks}, {'cold' if args.cold else 'warm read-only'} shared root ({compiled} kernels "
+          f"compiled over all ranks); seconds since each rank's process was created")
     print("| phase | rank 0 | slowest rank |")
     print("|---|---|---|")
     for key, label in PHASES:

@@ -7,6 +7,8 @@ and checks them against its own 128-head call and the float32 reference.
 - Two GPUs, NCCL (NCCL_NVLS_ENABLE=0): skipped where fewer than two GPUs are visible.
 - Two ranks on one GPU, gloo through the host: the same start, cache roots, head split and gather
   on any one GPU (it proves nothing about two devices; tests/test_gpu_multi_device.py does that).
+- Four ranks on one GPU starting together on a cold shared writable root: each kernel is compiled
+  by exactly one rank, and every rank's results pass rank 0's checks.
 """
 import subprocess
 import sys
@@ -60,3 +62,17 @@ def test_two_gpus_nccl_gather_equals_one_gpu(shared_root, tmp_path):
 def test_two_ranks_on_one_gpu_gloo_gather_equals_one_gpu(shared_root, tmp_path):
     reports = _run_ranks(shared_root, tmp_path, "gloo")
     assert [r["backend"] for r in reports] == ["gloo", "gloo"]
+
+
+def test_ranks_on_a_cold_shared_root_compile_each_kernel_once(tmp_path):
+    out = tmp_path / "reports"
+    out.mkdir()
+    env = {"MLA_JIT_CACHE_DIR": str(tmp_path / "shared"), "MLA_JIT_READONLY_CACHE_DIRS": "", "MLA_JIT_OFFLINE": "0",
+           "MLA_JIT_RANK_CACHE_DIR": "", "MLA_JIT_TP_BACKEND": "gloo", "OMP_NUM_THREADS": "1"}
+    reports = wait_ranks(start_ranks(4, ["attention", str(out)], env), out, 4, timeout=1200)
+    names = set().union(*(r["origins"] for r in reports))
+    assert names, "no kernel reported"
+    for name in names:
+        origins = [r["origins"][name] for r in reports if name in r["origins"]]
+        assert len(origins) == 4 and origins.count("compiled") == 1, (name, origins)
+    assert "checks" in reports[0]

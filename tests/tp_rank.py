@@ -150,10 +150,18 @@ def attention_mode(out_dir: Path) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    report["origins"] = _origins()   # this rank's kernels, before rank 0's one-GPU check adds its own
     if RANK == 0:
         report["checks"] = _check_against_one_gpu(case, (q, k_cache, block_table, lens),
                                                   (pq, pk, pv, cu_q, cu_k, max_q, max_k), gathered)
     _write(out_dir, report)
+
+
+def _origins() -> dict[str, str]:
+    """How this process got each kernel binary it used: "compiled" or "disk" (by kernel name)."""
+    from mla_jit.runtimes import registry
+    return {binary.name: binary.origin for family in registry.families().values()
+            for binary in family._binaries.values()}
 
 
 def _check_against_one_gpu(case, decode_args, prefill_args, gathered) -> dict:
