@@ -43,17 +43,17 @@ def main() -> None:
         tmp = Path(tmp)
         out = tmp / "reports"
         out.mkdir()
-        env = {"MLA_JIT_TP_BACKEND": backend, "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}
+        env = {"TP_BACKEND": backend, "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}
         if args.cold:
             env.update({"MLA_JIT_CACHE_DIR": str(tmp / "shared"), "MLA_JIT_READONLY_CACHE_DIRS": "",
-                        "MLA_JIT_RANK_CACHE_DIR": "", "MLA_JIT_OFFLINE": "0"})
+                        "TP_RANK_CACHE_DIR": "", "MLA_JIT_OFFLINE": "0"})
         else:
             warm = subprocess.run([sys.executable, str(RANK_SCRIPT), "warm", str(tmp), str(args.ranks)], cwd=REPO,
                                   capture_output=True, text=True)
             if warm.returncode:
                 raise SystemExit(f"warm run failed:\n{warm.stderr[-4000:]}")
             env.update({"MLA_JIT_READONLY_CACHE_DIRS": str(jit_env.cache_dir()),
-                        "MLA_JIT_RANK_CACHE_DIR": str(tmp / "local" / "rank{rank}"), "MLA_JIT_OFFLINE": "1"})
+                        "TP_RANK_CACHE_DIR": str(tmp / "local" / "rank{rank}"), "MLA_JIT_OFFLINE": "1"})
         reports = wait_ranks(start_ranks(args.ranks, ["attention", str(out)], env), out, args.ranks, timeout=1800)
     gpu = reports[0]["gpu"]
     compiled = sum(origin == "compiled" for r in reports for origin in r["origins"].values())

@@ -42,8 +42,8 @@ def shared_root(tmp_path_factory):
 def _run_ranks(shared: Path, tmp_path: Path, backend: str) -> list[dict]:
     out = tmp_path / "reports"
     out.mkdir()
-    env = {"MLA_JIT_READONLY_CACHE_DIRS": str(shared), "MLA_JIT_RANK_CACHE_DIR": str(tmp_path / "local" / "rank{rank}"),
-           "MLA_JIT_OFFLINE": "1", "MLA_JIT_TP_BACKEND": backend, "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}
+    env = {"MLA_JIT_READONLY_CACHE_DIRS": str(shared), "TP_RANK_CACHE_DIR": str(tmp_path / "local" / "rank{rank}"),
+           "MLA_JIT_OFFLINE": "1", "TP_BACKEND": backend, "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}
     before = _snapshot(shared)
     reports = wait_ranks(start_ranks(2, ["attention", str(out)], env), out, 2, timeout=900)
     assert _snapshot(shared) == before, "a rank wrote into the shared read-only root"
@@ -68,7 +68,7 @@ def test_ranks_on_a_cold_shared_root_compile_each_kernel_once(tmp_path):
     out = tmp_path / "reports"
     out.mkdir()
     env = {"MLA_JIT_CACHE_DIR": str(tmp_path / "shared"), "MLA_JIT_READONLY_CACHE_DIRS": "", "MLA_JIT_OFFLINE": "0",
-           "MLA_JIT_RANK_CACHE_DIR": "", "MLA_JIT_TP_BACKEND": "gloo", "OMP_NUM_THREADS": "1"}
+           "TP_RANK_CACHE_DIR": "", "TP_BACKEND": "gloo", "OMP_NUM_THREADS": "1"}
     reports = wait_ranks(start_ranks(4, ["attention", str(out)], env), out, 4, timeout=1200)
     names = set().union(*(r["origins"] for r in reports))
     assert names, "no kernel reported"

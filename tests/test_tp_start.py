@@ -24,7 +24,7 @@ DTYPES = ["bf16", "fp16", "fp32"]   # three toy kernel keys (tile_copy), each wa
 
 
 def _base_env(cli_env) -> dict:
-    return {**cli_env, "MLA_JIT_RANK_CACHE_DIR": "", "OMP_NUM_THREADS": "1"}
+    return {**cli_env, "TP_RANK_CACHE_DIR": "", "OMP_NUM_THREADS": "1"}
 
 
 def test_ranks_on_a_cold_shared_root_compile_each_key_once(cli_env, tmp_path):
@@ -64,7 +64,7 @@ def test_ranks_load_a_readonly_prewarmed_root_with_per_rank_writable_roots(cli_e
         out.mkdir()
         local = tmp_path / "local"
         env = {**_base_env(cli_env), "MLA_JIT_READONLY_CACHE_DIRS": str(shared), "MLA_JIT_OFFLINE": "1",
-               "MLA_JIT_RANK_CACHE_DIR": str(local / "rank{rank}")}
+               "TP_RANK_CACHE_DIR": str(local / "rank{rank}")}
         proc = start_ranks(RANKS, ["build", str(out), *DTYPES], env)
         release_when_ready(out, RANKS, proc, timeout=300)
         reports = wait_ranks(proc, out, RANKS, timeout=600)

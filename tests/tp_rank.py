@@ -7,13 +7,13 @@ Modes:
                            OUT_DIR/go exists (the launcher writes it when every OUT_DIR/ready{RANK}
                            does: all ranks start at once); report each binary's origin and checksum.
   attention OUT_DIR        (GPU) DeepSeek V3's decode and MHA-mode prefill attention, this rank's share
-                           of the 128 heads, gathered over torch.distributed (MLA_JIT_TP_BACKEND: nccl,
+                           of the 128 heads, gathered over torch.distributed (TP_BACKEND: nccl,
                            or gloo through the host); rank 0 also runs all 128 heads itself and checks
                            the gathered result against that run and the float32 reference.
   warm OUT_DIR WORLD...    (GPU, one process) every shape `attention` runs for those world sizes, so a
                            cache root holds every kernel the ranks need.
 
-MLA_JIT_RANK_CACHE_DIR, if set, is formatted with the rank ("/local/mla_jit/rank{rank}") into
+TP_RANK_CACHE_DIR, if set, is formatted with the rank ("/local/mla_jit/rank{rank}") into
 MLA_JIT_CACHE_DIR: each rank's writable root, beside the shared read-only one.
 """
 from __future__ import annotations
@@ -40,8 +40,8 @@ def _process_age() -> float:
 T_START = _process_age()
 RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
-if os.environ.get("MLA_JIT_RANK_CACHE_DIR"):
-    os.environ["MLA_JIT_CACHE_DIR"] = os.environ["MLA_JIT_RANK_CACHE_DIR"].format(rank=RANK)
+if os.environ.get("TP_RANK_CACHE_DIR"):
+    os.environ["MLA_JIT_CACHE_DIR"] = os.environ["TP_RANK_CACHE_DIR"].format(rank=RANK)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
@@ -129,7 +129,7 @@ def _gather(local: torch.Tensor, dim: int, backend: str) -> torch.Tensor:
 
 def attention_mode(out_dir: Path) -> None:
     import torch.distributed as dist
-    backend = os.environ.get("MLA_JIT_TP_BACKEND", "nccl")
+    backend = os.environ.get("TP_BACKEND", "nccl")
     device = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
     torch.cuda.set_device(device)
     report = {"device": device, "backend": backend, "gpu": torch.cuda.get_device_name(device)}

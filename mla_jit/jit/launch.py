@@ -125,13 +125,11 @@ class PreparedLaunch:
         `bytes` of the blob's size (struct.pack), or a ctypes object of that size. `grid` replaces
         the prepared grid for this launch (kernels whose grid follows the call's lengths).
         """
-        if self._current_device() == self._device:
-            self._enqueue(stream, args, grid)
-        else:  # the caller's thread is on another GPU: enqueue from this kernel's context, then go back
+        if self._current_device() != self._device:
+            # The caller's thread is on another GPU: enqueue from this kernel's context, then go back
+            # (inside the guard the check passes: one level of recursion, none on the common path).
             with self._device_guard(self._device):
-                self._enqueue(stream, args, grid)
-
-    def _enqueue(self, stream: int, args: tuple, grid: tuple[int, int, int] | None) -> None:
+                return self(stream, *args, grid=grid)
         if len(args) != self._arity:
             raise TypeError(f"{self.kernel.name} takes {self._arity} arguments, got {len(args)}")
         with self._lock:  # the slots are shared: one launch fills and enqueues at a time
