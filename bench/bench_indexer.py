@@ -77,27 +77,33 @@ def bench_logits(flush, rows):
     return out
 
 
+def paged_inputs(b: int, next_n: int, avg: int, gen: torch.Generator):
+    """DeepGEMM's test inputs: lengths 0.7-1.3 x avg, pages of 64 keys in a random order."""
+    lens = torch.randint(int(0.7 * avg), int(1.3 * avg), (b,), device="cuda", generator=gen).int()
+    pages = ((lens + 63) // 64)
+    total_pages = int(pages.sum())
+    max_blocks = int(pages.max())
+    perm = torch.randperm(total_pages, device="cuda", generator=gen).int()
+    table = torch.zeros(b, max_blocks, dtype=torch.int32, device="cuda")
+    starts = torch.cumsum(pages, 0) - pages
+    col = torch.arange(max_blocks, device="cuda")[None]
+    valid = col < pages[:, None]
+    table[valid] = perm[(starts[:, None] + col)[valid].long()]
+    cache = _fp8_bytes(total_pages, 64 * (D + 4), gen=gen)
+    scales = cache[:, 64 * D:].view(torch.float32)
+    scales.copy_(torch.rand(total_pages, 64, device="cuda", generator=gen) * 0.01 + 0.001)
+    cache = cache.view(total_pages, 64, 1, D + 4)
+    q = _fp8_bytes(b, next_n, H, D, gen=gen).view(torch.float8_e4m3fn)
+    weights = torch.randn(b * next_n, H, device="cuda", generator=gen)
+    return q, cache, weights, lens, table
+
+
 def bench_paged(flush, rows):
     gen = torch.Generator(device="cuda").manual_seed(1)
     out = []
     max_model_len = 111 * 1000
     for b, next_n, avg in rows:
-        lens = torch.randint(int(0.7 * avg), int(1.3 * avg), (b,), device="cuda", generator=gen).int()
-        pages = ((lens + 63) // 64)
-        total_pages = int(pages.sum())
-        max_blocks = int(pages.max())
-        perm = torch.randperm(total_pages, device="cuda", generator=gen).int()
-        table = torch.zeros(b, max_blocks, dtype=torch.int32, device="cuda")
-        starts = torch.cumsum(pages, 0) - pages
-        col = torch.arange(max_blocks, device="cuda")[None]
-        valid = col < pages[:, None]
-        table[valid] = perm[(starts[:, None] + col)[valid].long()]
-        cache = _fp8_bytes(total_pages, 64 * (D + 4), gen=gen)
-        scales = cache[:, 64 * D:].view(torch.float32)
-        scales.copy_(torch.rand(total_pages, 64, device="cuda", generator=gen) * 0.01 + 0.001)
-        cache = cache.view(total_pages, 64, 1, D + 4)
-        q = _fp8_bytes(b, next_n, H, D, gen=gen).view(torch.float8_e4m3fn)
-        weights = torch.randn(b * next_n, H, device="cuda", generator=gen)
+        q, cache, weights, lens, table = paged_inputs(b, next_n, avg, gen)
         num_sms = torch.cuda.get_device_properties(0).multi_processor_count
         schedule = mla_jit.get_paged_mqa_logits_metadata(lens, 64, num_sms)
         variants = _variants(lambda pkg: pkg.fp8_paged_mqa_logits(q, cache, weights, lens, table, schedule,

@@ -1,30 +1,39 @@
-"""Run fp8_mqa_logits a few times on one shape (bench_indexer.py's inputs), for ncu:
-NCU_SCRIPT=bench/profile_indexer.py NCU_KERNEL=indexer scripts/ncu_run.sh "SEQ KV".
+"""Run fp8_mqa_logits or fp8_paged_mqa_logits a few times on one shape (bench_indexer.py's inputs), for ncu:
+NCU_SCRIPT=bench/profile_indexer.py NCU_KERNEL=indexer scripts/ncu_run.sh "SEQ KV" "paged B NEXT_N CTX".
 
 Usage: python3 bench/profile_indexer.py SEQ KV
+       python3 bench/profile_indexer.py paged B NEXT_N AVG_CTX
 """
-import argparse
+import sys
 
 import torch
 
 import mla_jit
-from bench_indexer import D, H, _fp8_bytes
+from bench_indexer import D, H, _fp8_bytes, paged_inputs
+
+
+def ragged(seq: int, kv: int):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = _fp8_bytes(seq, H, D, gen=gen).view(torch.float8_e4m3fn)
+    k = _fp8_bytes(kv, D, gen=gen).view(torch.float8_e4m3fn)
+    k_scale = torch.rand(kv, device="cuda", generator=gen) * 0.01 + 0.001
+    weights = torch.randn(seq, H, device="cuda", generator=gen)
+    ks = torch.zeros(seq, dtype=torch.int32, device="cuda")
+    ke = torch.arange(seq, dtype=torch.int32, device="cuda") + (kv - seq + 1)
+    return lambda: mla_jit.fp8_mqa_logits(q, (k, k_scale), weights, ks, ke)
+
+
+def paged(b: int, next_n: int, avg: int):
+    q, cache, weights, lens, table = paged_inputs(b, next_n, avg, torch.Generator(device="cuda").manual_seed(1))
+    schedule = mla_jit.get_paged_mqa_logits_metadata(lens, 64, torch.cuda.get_device_properties(0).multi_processor_count)
+    return lambda: mla_jit.fp8_paged_mqa_logits(q, cache, weights, lens, table, schedule, 111 * 1000)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("seq", type=int)
-    ap.add_argument("kv", type=int)
-    args = ap.parse_args()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = _fp8_bytes(args.seq, H, D, gen=gen).view(torch.float8_e4m3fn)
-    k = _fp8_bytes(args.kv, D, gen=gen).view(torch.float8_e4m3fn)
-    k_scale = torch.rand(args.kv, device="cuda", generator=gen) * 0.01 + 0.001
-    weights = torch.randn(args.seq, H, device="cuda", generator=gen)
-    ks = torch.zeros(args.seq, dtype=torch.int32, device="cuda")
-    ke = torch.arange(args.seq, dtype=torch.int32, device="cuda") + (args.kv - args.seq + 1)
+    args = sys.argv[1:]
+    call = paged(*map(int, args[1:4])) if args[0] == "paged" else ragged(*map(int, args[:2]))
     for _ in range(4):
-        mla_jit.fp8_mqa_logits(q, (k, k_scale), weights, ks, ke)
+        call()
     torch.cuda.synchronize()
 
 

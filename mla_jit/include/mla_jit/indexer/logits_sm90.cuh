@@ -365,6 +365,11 @@ __device__ __forceinline__ typename Cfg::SharedStorage& init_shared(const TmaDes
 // Both kernels' roles: warp 0 loads, warps 1-3 clean (lane, lanes), warpgroups 1 and 2 compute (wg).
 template <typename Cfg, typename Load, typename Clean, typename Math>
 __device__ __forceinline__ void run_roles(Load&& load, Clean&& clean, Math&& math) {
+  // setmaxnreg.inc waits for registers the CTA's other warps gave back: taking more than the
+  // producer warpgroup gives hangs the math warpgroups. Launch: 65536 / threads a thread, in 8s.
+  constexpr int kLaunchRegs = 65536 / Cfg::NUM_THREADS / 8 * 8;
+  static_assert((Cfg::NUM_THREADS / 128 - 1) * (Cfg::kRegsMath - kLaunchRegs) <= kLaunchRegs - Cfg::kRegsProducer,
+                "setmaxnreg: the math warpgroups take more registers than the producer warpgroup gives");
   const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
   if (warp < 4) {
     setmaxnreg_dec<Cfg::kRegsProducer>();
