@@ -55,16 +55,22 @@ def _variants(call):
 AGAINST = None
 
 
+def ragged_inputs(seq: int, kv: int, gen: torch.Generator):
+    """DeepGEMM's test inputs: one causal sequence, row i sees keys [0, kv - seq + i + 1)."""
+    q = _fp8_bytes(seq, H, D, gen=gen).view(torch.float8_e4m3fn)
+    k = _fp8_bytes(kv, D, gen=gen).view(torch.float8_e4m3fn)
+    k_scale = torch.rand(kv, device="cuda", generator=gen) * 0.01 + 0.001
+    weights = torch.randn(seq, H, device="cuda", generator=gen)
+    ks = torch.zeros(seq, dtype=torch.int32, device="cuda")
+    ke = torch.arange(seq, dtype=torch.int32, device="cuda") + (kv - seq + 1)
+    return q, k, k_scale, weights, ks, ke
+
+
 def bench_logits(flush, rows):
     gen = torch.Generator(device="cuda").manual_seed(0)
     out = []
     for seq, kv in rows:
-        q = _fp8_bytes(seq, H, D, gen=gen).view(torch.float8_e4m3fn)
-        k = _fp8_bytes(kv, D, gen=gen).view(torch.float8_e4m3fn)
-        k_scale = torch.rand(kv, device="cuda", generator=gen) * 0.01 + 0.001
-        weights = torch.randn(seq, H, device="cuda", generator=gen)
-        ks = torch.zeros(seq, dtype=torch.int32, device="cuda")
-        ke = torch.arange(seq, dtype=torch.int32, device="cuda") + (kv - seq + 1)
+        q, k, k_scale, weights, ks, ke = ragged_inputs(seq, kv, gen)
         cost = int((ke - ks).clamp(min=0).sum())
         t, *other = time_interleaved(_variants(lambda pkg: pkg.fp8_mqa_logits(q, (k, k_scale), weights, ks, ke)),
                                      flush)

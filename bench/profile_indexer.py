@@ -9,17 +9,11 @@ import sys
 import torch
 
 import mla_jit
-from bench_indexer import D, H, _fp8_bytes, paged_inputs
+from bench_indexer import paged_inputs, ragged_inputs
 
 
 def ragged(seq: int, kv: int):
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = _fp8_bytes(seq, H, D, gen=gen).view(torch.float8_e4m3fn)
-    k = _fp8_bytes(kv, D, gen=gen).view(torch.float8_e4m3fn)
-    k_scale = torch.rand(kv, device="cuda", generator=gen) * 0.01 + 0.001
-    weights = torch.randn(seq, H, device="cuda", generator=gen)
-    ks = torch.zeros(seq, dtype=torch.int32, device="cuda")
-    ke = torch.arange(seq, dtype=torch.int32, device="cuda") + (kv - seq + 1)
+    q, k, k_scale, weights, ks, ke = ragged_inputs(seq, kv, torch.Generator(device="cuda").manual_seed(0))
     return lambda: mla_jit.fp8_mqa_logits(q, (k, k_scale), weights, ks, ke)
 
 
