@@ -74,6 +74,26 @@ def test_sparse_decode_matches_reference(case):
     _check(case)
 
 
+# 128 heads (and 100: a partial second tile) on sm_90a: the two 64-head tiles of a token in a cluster,
+# each CTA de-quantizing half of every tile for both (the crossover): invalid indices and topk_length
+# in both halves (the valid bits cross too), small pages, empty rows.
+_PAIRED = [SparseCase(3, 2, 128, 512, page=16, invalid=0.5, topk_length=True, sink=True),
+           SparseCase(4, 1, 100, 320, topk_length=True, zero_lengths=True),
+           SparseCase(2, 1, 128, 256, invalid=1.0)]
+
+
+@pytest.mark.parametrize("case", _PAIRED, ids=str)
+def test_sparse_decode_paired_head_tiles(case):
+    _check(case)
+
+
+@pytest.mark.parametrize("case", _PAIRED[:2], ids=str)
+def test_sparse_decode_unpaired_head_tiles(case, monkeypatch):
+    """MLA_JIT_SM90_CLUSTER=1: every head tile de-quantizes its tokens itself (the cluster fallback)."""
+    monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", "1")
+    _check(case)
+
+
 @pytest.mark.parametrize("tuning", ["sm_80", "sm_89"])
 @pytest.mark.parametrize("case", [SparseCase(3, 2, 16, 512, topk_length=True, sink=True),
                                   SparseCase(2, 1, 128, 2048), SparseCase(4, 1, 8, 64, page=16)], ids=str)
@@ -88,7 +108,7 @@ def test_sparse_decode_schedule_tensors():
     _check(SparseCase(3, 2, 32, 256, topk_length=True, sink=True), api="tensors")
 
 
-@pytest.mark.parametrize("h_q", [16, 64])   # the mma.sync kernel and (on Hopper) the wgmma one
+@pytest.mark.parametrize("h_q", [16, 64, 128])   # the mma.sync kernel and (on Hopper) the wgmma one, paired at 128
 def test_sparse_decode_graph_replay_with_new_indices(h_q):
     case = SparseCase(4, 2, h_q, 256, topk_length=True, sink=True)
     q, records, deq, indices, topk_length, attn_sink = make_sparse_inputs(case, seed=5)

@@ -164,6 +164,7 @@ def _check_records(case: SparseCase, tuning=None, monkeypatch=None):
 
 
 @pytest.mark.parametrize("case", [SparseCase(40, 1, 128, 2048, sink=True),
+                                  SparseCase(17, 1, 128, 448, page=16, invalid=0.5, topk_length=True, zero_lengths=True),
                                   SparseCase(9, 1, 16, 320, page=16, topk_length=True, zero_lengths=True),
                                   SparseCase(13, 1, 5, 192, page=128, invalid=0.4)], ids=str)
 def test_sparse_prefill_fp8_records(case):

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import torch
 
-from ..configs.decode import COMBINE_ROWS_PER_CTA, COMBINE_THREADS, Sm80DecodeConfig, accum_rows, metadata_config
+from ..configs.decode import (CLUSTER_ENV, COMBINE_ROWS_PER_CTA, COMBINE_THREADS, Sm80DecodeConfig, accum_rows,
+                              metadata_config)
 from ..configs.sparse import (FP8_RECORDS, HEAD_DIM, HEAD_DIM_V, ctas_per_sm, family_of, num_sm_parts,
                               SparseWsConfig, sparse_config)
-from ..jit.arch import resolve_for_device
+from ..jit import env
+from ..jit.arch import ArchPair, resolve_for_device
 from ..jit.launch import PTR, Blob
 from ..jit.stream import current_stream
 from . import registry, workspace
 from .decode import DECODE_PARAMS, METADATA_PARAMS
-from .decode_plan import METADATA_SIZE, _LOG2E, _kernel_smem
+from .decode_plan import METADATA_SIZE, _LOG2E, _clusters_fit, _kernel_smem
 from .device import num_sms as _num_sms, smem_per_sm as _smem_per_sm
 
 # Memos (call signature -> plan), bounded like the dense decode's; `reset()` empties them.
@@ -38,6 +40,23 @@ def sm_parts_for(device_index: int, h_q: int, cfg: Sm80DecodeConfig | SparseWsCo
     if cfg is None:
         cfg = sparse_config(FP8_RECORDS, HEAD_DIM, 64, resolve_for_device(device_index).tuning, h_q)
     return num_sm_parts(_num_sms(device_index), ctas_per_sm(cfg, _smem_per_sm(device_index)), h_q, cfg.block_m)
+
+
+def splitkv_launcher(kv: str, head_dim: int, page_size: int, h_q: int, parts: int, arch: ArchPair,
+                     device_index: int, paired: bool = True):
+    """The split-KV launch over `kv` tokens for h_q heads on `parts` SM parts (grid (parts, 1, head
+    tiles)), and its config: clustered (the FP8 records' crossover) where `paired`, MLA_JIT_SM90_CLUSTER
+    lets it and the GPU keeps every cluster resident at once, else the unclustered kernel."""
+    cfg = sparse_config(kv, head_dim, page_size, arch.tuning, h_q, env.choice(CLUSTER_ENV.name) if paired else "1")
+    family = registry.get(family_of(cfg))
+    grid, block = (parts, 1, -(-h_q // cfg.block_m)), (cfg.num_threads, 1, 1)
+    smem = _kernel_smem(family, cfg, arch, device_index)
+    if cfg.cluster is not None and not _clusters_fit(family, cfg, arch, device_index, grid, block, smem):
+        cfg = cfg.unclustered()
+        smem = _kernel_smem(family, cfg, arch, device_index)
+    launch = family.launcher(cfg, arch, family.SPLITKV, device_index, (Blob(DECODE_PARAMS.size), PTR), grid, block,
+                             dynamic_smem=smem, cluster=cfg.cluster)
+    return launch, cfg
 
 
 class SparseMetadataPlan:
@@ -82,13 +101,9 @@ class SparseDecodePlan:
         num_blocks, page_size = k_cache.shape[:2]
         self.device_index = q.get_device()
         arch = resolve_for_device(self.device_index)
-        cfg = sparse_config(FP8_RECORDS, HEAD_DIM, page_size, arch.tuning, h_q)
-        family = registry.get(family_of(cfg))
-        smem = _kernel_smem(family, cfg, arch, self.device_index)
         self.rows = b * s_q
-        self.splitkv = family.launcher(cfg, arch, family.SPLITKV, self.device_index, (Blob(DECODE_PARAMS.size), PTR),
-                                       (parts, 1, -(-h_q // cfg.block_m)), (cfg.num_threads, 1, 1),
-                                       dynamic_smem=smem)
+        self.splitkv, cfg = splitkv_launcher(FP8_RECORDS, HEAD_DIM, page_size, h_q, parts, arch, self.device_index)
+        family = registry.get(family_of(cfg))
         # Programmatic dependent launch exists from sm_90 on; below, the combine follows in stream order.
         self.combine = family.launcher(cfg, arch, family.COMBINE, self.device_index, (Blob(DECODE_PARAMS.size),),
                                        (self.rows, 1, -(-h_q // COMBINE_ROWS_PER_CTA)), (COMBINE_THREADS, 1, 1),

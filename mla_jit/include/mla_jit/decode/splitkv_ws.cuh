@@ -106,7 +106,7 @@
 // past topk_length) zero-filled and never read, and write a valid bit per token (tile_valid) that
 // WG0 uses to mask S. m_run is the exact running max (no lazy rescaling: it is max_logits), and the
 // attention sink is folded into the last tile's 1/l when a row has a single split. The combine
-// kernel merges splits (no fused combine, no clusters).
+// kernel merges splits (no fused combine; clusters only for FP8 records, the crossover below).
 //   bf16 rows (2): gathered straight into stage n % NS once both P V warpgroups are past P V(n - NS)
 //   (named barrier 6), arriving on full[s] (256 cp.async arrivals + 8 warps' valid bytes).
 //   FP8 records (1): 2 bf16 stages and one 45 KB record slot. Each thread gathers a quarter record
@@ -114,6 +114,12 @@
 //   that quarter into the stage (its own cp.async wait orders the two: no barrier), fences, and its
 //   warp arrives on kv_ready[s]. Per tile n: [named barrier 6: P V(n - 1) done] de-quantize tile
 //   n + 1 -> P V(n), and while its wgmma runs the gather of tile n + 2 and the index of n + 3.
+//   Crossover (FP8 records, CLUSTER_M 2: the cluster is two head tiles of the same tokens): each CTA
+//   gathers and de-quantizes half of every tile (8 threads a token) into its own stage and its
+//   peer's (st.async completing the peer's kv_ready, which expects kPeerBytes besides its 8 warp
+//   arrivals); the named barrier before the de-quantization becomes pv_done of the stage (16
+//   arrivals: the P V warps of both CTAs, ws_release_stage), and each CTA loads the indices of the
+//   peer's tokens too, to write the valid bits of the whole tile.
 //
 // Code: mla_splitkv_ws_body (barrier setup, role dispatch, the fused combine's step 2) runs
 // ws_softmax_warpgroup in WG0 (per piece ws_load_q; per tile ws_issue_s, ws_wait_s, ws_softmax,
@@ -426,9 +432,19 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   static constexpr bool kSparseFp8 = SPARSE_KV_ == 1;
   static_assert(SPARSE_KV_ >= 0 && SPARSE_KV_ <= 2, "SPARSE_KV: 0 (dense paged), 1 (FP8 records), 2 (bf16 rows)");
   static_assert(!kSparse || (cute::is_same_v<Element, cutlass::bfloat16_t> && !KV_FP8_ && !FUSED_COMBINE_ &&
-                             CLUSTER_M_ == 1 && (kSparseFp8 || PAGE_SIZE_ == 64)),
-                "sparse: bf16, the combine kernel, no cluster; bf16 rows have no pages (PAGE_SIZE 64 stands in)");
+                             (CLUSTER_M_ == 1 || kSparseFp8) && (kSparseFp8 || PAGE_SIZE_ == 64)),
+                "sparse: bf16, the combine kernel, clusters for FP8 records only; bf16 rows have no pages "
+                "(PAGE_SIZE 64 stands in)");
   static_assert(!kSparseFp8 || (HEAD_DIM_ == 576 && NUM_STAGES_ == 2), "FP8 records: d 576, 2 stages, a record slot");
+  // FP8 records in a cluster of 2 head tiles ("crossover", FlashMLA's name): both CTAs walk the same
+  // tiles, each gathers and de-quantizes half of every tile's tokens (cluster CTA c: tokens 32 c ..
+  // 32 c + 31) and writes them into its own stage and, by st.async, into its peer's.
+  static constexpr bool kCrossover = kSparseFp8 && CLUSTER_M_ == 2;
+  // Gathering threads a token (each a part of its record): 4, or 8 in the crossover (half the tokens).
+  static constexpr int kGatherParts = kCrossover ? 8 : 4;
+  // Crossover: the bytes a CTA receives from its peer per tile (kv_ready's tx count): the
+  // de-quantized half tile and the half's 32 valid bits.
+  static constexpr int kPeerBytes = BLOCK_N_ / 2 * HEAD_DIM_ * 2 + 4;
   // The P V warpgroups de-quantize each tile into its 16-bit stage and announce it on kv_ready.
   static constexpr bool kDequantInPv = kKvFp8 || kSparseFp8;
   // FlashMLA's V3.2 FP8 record of a token: 512 e4m3, 4 float32 scales (one per 128 values), 64 bf16.
@@ -1126,19 +1142,31 @@ __device__ __forceinline__ WsSparseTile ws_sparse_tile(const DecodeParams& p, in
   return {q, (t - q * tiles_per_row) * 64};
 }
 
-// Gathering thread t's token r of a tile and its quarter q (of the token's chunks or record): warp w
+// Gathering thread t's token r of a tile and its part q (of the token's chunks or record): warp w
 // takes tokens 8 w .. 8 w + 7, lane l token 8 w + l % 8 and quarter l / 8. The 8 threads of each
-// phase of a 16-byte shared access are then 8 tokens at the same quarter, which the SW128 rows
-// (and the 656-byte record rows, 41 units apart) put in 8 distinct bank groups: with 4 threads a
-// token (t / 4), a phase was 2 tokens x 4 quarters, 4 threads on one bank group.
+// phase of a 16-byte shared access are then 8 tokens at the same part, which the SW128 rows (and
+// the 656-byte record rows, 41 units apart) put in 8 distinct bank groups: with 4 threads a token
+// (t / 4), a phase was 2 tokens x 4 quarters, 4 threads on one bank group.
+// Crossover (8 parts, the CTA's 32 tokens): warps 2 k and 2 k + 1 take tokens 32 c + 8 k .. + 7
+// (c: the cluster rank, blockIdx.z % 2 for cluster dims (1, 1, 2)), parts 0-3 and 4-7.
 struct WsGatherSlot {
   int r, q;
 };
-__device__ __forceinline__ WsGatherSlot ws_gather_slot(int t) { return {(t & 7) | ((t >> 5) << 3), (t >> 3) & 3}; }
+// The CTA's rank in a cluster of (1, 1, 2), re-read where used (opaque): not a register kept
+// through the P V loop.
+__device__ __forceinline__ int ws_pair_rank() { return ws_opaque(int(blockIdx.z & 1)); }
+
+template <typename Cfg>
+__device__ __forceinline__ WsGatherSlot ws_gather_slot(int t) {
+  if constexpr (Cfg::kCrossover) return {ws_pair_rank() * 32 + ((t & 7) | ((t >> 6) << 3)), (t >> 3) & 7};
+  return {(t & 7) | ((t >> 5) << 3), (t >> 3) & 3};
+}
 
 // The index of gathering thread t's token (ws_gather_slot) in tile m (-1 past topk: not loaded), its
 // position in the row and the row's token limit (topk_length, else topk): loaded a tile ahead of the
-// gather, so that their round trip overlaps a tile's work (and the gather divides nothing).
+// gather, so that their round trip overlaps a tile's work (and the gather divides nothing). Nothing
+// here may consume a loaded value: the loads share a scoreboard, and an early use (lim - tok, say)
+// waits for all of them right before P V's wgmma wait (H200: 0.88x the time at h_q = 64).
 struct WsGatherIndex {
   int idx, tok, lim;
 };
@@ -1147,33 +1175,33 @@ __device__ __forceinline__ void ws_load_index(const DecodeParams& p, int origin,
                                               WsGatherIndex& gi) {
   if (m >= num_tiles) return;
   const WsSparseTile tile = ws_sparse_tile(p, origin, m);
-  gi.tok = tile.tok + ws_gather_slot(t).r;
+  gi.tok = tile.tok + ws_gather_slot<Cfg>(t).r;
   gi.idx = gi.tok < p.topk ? __ldg(p.block_table + (long long)tile.bi * p.block_table_stride + gi.tok) : -1;
   gi.lim = p.topk_length != nullptr ? __ldg(p.topk_length + tile.bi / p.lse_fold) : p.topk;
 }
 
-// Tile m's tokens into stage m % NS by the 256 gathering threads (4 a token, ws_gather_slot;
+// Tile m's tokens into stage m % NS by the 256 gathering threads (ws_gather_slot;
 // kGatherChunks 16-byte chunks each, in the TMA's SW128 layout, sw128_offset). An invalid token
 // (index -1 or past the rows, or past topk_length) is zero-filled, never read, and its valid bit is 0. Each thread's cp.asyncs arrive on full[s] when they land; lane 0
 // of each warp writes its 8 tokens' valid bits and arrives after them (full: 256 + 8 arrivals).
-// FP8 records: thread t copies (and later de-quantizes) quarter q of record r (ws_gather_slot) into
-// the record slot: its 128 e4m3 bytes, its own copy of the 4 scales and 32 bytes of the rope. The
+// FP8 records: thread t copies (and later de-quantizes) part q of record r (ws_gather_slot) into
+// the record slot: its e4m3 bytes, its own copy of the 4 scales and its share of the rope. The
 // thread reads back only what it wrote, so its own cp.async wait orders the two (no barrier), and
 // its next gather follows its de-quantization in program order. Invalid tokens are zero-filled
 // (scale 0: a zero row).
 template <typename Cfg>
-__device__ __forceinline__ void ws_gather_record_quarter(const DecodeParams& p, const void* cache,
-                                                         typename Cfg::SharedStorage& ss, int t, bool ok, int idx) {
-  constexpr int R = Cfg::kRecordBytes;
-  const auto [r, q] = ws_gather_slot(t);
+__device__ __forceinline__ void ws_gather_record_part(const DecodeParams& p, const void* cache,
+                                                      typename Cfg::SharedStorage& ss, int t, bool ok, int idx) {
+  constexpr int R = Cfg::kRecordBytes, kE4m3 = 512 / Cfg::kGatherParts, kRope = 128 / Cfg::kGatherParts;
+  const auto [r, q] = ws_gather_slot<Cfg>(t);
   const char* src = reinterpret_cast<const char*>(cache);
   if (ok) src += (long long)(idx / Cfg::PAGE_SIZE) * p.kv_block_stride + (idx % Cfg::PAGE_SIZE) * R;
   const uint32_t dst = smem_addr(ss.records) + r * R;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) cp_async_16(dst + q * 128 + k * 16, src + q * 128 + k * 16, ok);
+  for (int k = 0; k < kE4m3 / 16; ++k) cp_async_16(dst + q * kE4m3 + k * 16, src + q * kE4m3 + k * 16, ok);
   cp_async_16(smem_addr(ss.scales[t]), src + 512, ok);
 #pragma unroll
-  for (int k = 0; k < 2; ++k) cp_async_16(dst + 528 + 32 * q + 16 * k, src + 528 + 32 * q + 16 * k, ok);
+  for (int k = 0; k < kRope / 16; ++k) cp_async_16(dst + 528 + kRope * q + 16 * k, src + 528 + kRope * q + 16 * k, ok);
 }
 
 template <typename Cfg>
@@ -1182,10 +1210,10 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
                                                const WsGatherIndex& gi) {
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
   const int s = m % NS;
-  const auto [r, q] = ws_gather_slot(t);
+  const auto [r, q] = ws_gather_slot<Cfg>(t);
   const bool ok = gi.idx >= 0 && gi.idx < p.kv_tokens && gi.tok < gi.lim;
   if constexpr (Cfg::kSparseFp8) {
-    ws_gather_record_quarter<Cfg>(p, kv_rows, ss, t, ok, gi.idx);
+    ws_gather_record_part<Cfg>(p, kv_rows, ss, t, ok, gi.idx);
   } else {
     const char* src = reinterpret_cast<const char*>(kv_rows) + (ok ? (long long)gi.idx * p.kv_block_stride : 0);
     const uint32_t dst = smem_addr(ss.kv[s]);
@@ -1196,46 +1224,89 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
     }
     cp_async_mbarrier_arrive_noinc(&ss.full[s]);
   }
-  // Lanes 0-7 hold tokens 8 w .. 8 w + 7 (quarter 0; the other quarters agree).
+  // Lanes 0-7 hold tokens r - r % 8 .. + 7 (part 0; the other parts agree): byte r / 8 of the bits
+  // (t / 32 without the crossover). Crossover: one warp of each pair (both hold the same tokens); the
+  // peer's half of the bits comes with its de-quantized half (ws_dequant_records).
   const unsigned bits = __ballot_sync(0xffffffffu, ok) & 0xffu;
-  if (t % 32 == 0) {
-    reinterpret_cast<unsigned char*>(ss.tile_valid + 2 * (m % Cfg::kFlagSlots))[t / 32] = (unsigned char)bits;
+  if (Cfg::kCrossover ? t % 64 == 0 : t % 32 == 0) {
+    reinterpret_cast<unsigned char*>(ss.tile_valid + 2 * (m % Cfg::kFlagSlots))[Cfg::kCrossover ? r >> 3 : t / 32] =
+        (unsigned char)bits;
     // (FP8 records: published with the de-quantized stage, on kv_ready)
     if constexpr (!Cfg::kSparseFp8) mbarrier_arrive(&ss.full[s]);
   }
 }
 
-// FP8 records: thread t's quarter of tile m (ws_gather_record_quarter) into stage m % NS as bf16,
+// FP8 records: thread t's part of tile m (ws_gather_record_part) into stage m % NS as bf16,
 // each value times its 128-value scale in float32 and rounded once (as the float32 reference
 // does), in the TMA's SW128 layout; the rope copied. Then published to WG0 on kv_ready (the
 // valid bits of the tile were written by the same lanes before).
+// Crossover: every 16 bytes also go to the peer's stage (st.async, completing the peer's kv_ready
+// tx count); the stage's 8 arrivals here are the local warps', one of them expecting the peer's
+// kPeerBytes. The peer's stage is free: its P V warps arrived on pv_done (ws_pv_warpgroup waits).
 template <typename Cfg>
 __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& ss, int m, int t) {
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES, R = Cfg::kRecordBytes;
+  constexpr int kE4m3 = 512 / Cfg::kGatherParts, kRope = 128 / Cfg::kGatherParts;
   const int s = m % NS;
-  const WsGatherSlot slot = ws_gather_slot(t);
+  const WsGatherSlot slot = ws_gather_slot<Cfg>(t);
   const int r = slot.r, q = slot.q;
   cp_async_wait_all();
   const uint32_t src = smem_addr(ss.records) + r * R;
   const uint32_t dst = smem_addr(ss.kv[s]);
-  auto chunk_addr = [&](int c) { return dst + sw128_offset<BN>(r, 8 * c); };  // columns 8 c .. 8 c + 7
-  const float scale = ld_shared_f32(smem_addr(ss.scales[t]) + 4 * q);
+  uint32_t peer_dst = 0, peer_bar = 0;
+  if constexpr (Cfg::kCrossover) {
+    const uint32_t peer = ws_pair_rank() ^ 1;
+    peer_dst = mapa_shared(dst, peer);
+    peer_bar = mapa_shared(smem_addr(&ss.kv_ready[s]), peer);
+  }
+  auto put = [&](int c, const uint4& v) {  // columns 8 c .. 8 c + 7 of token r
+    const uint32_t off = sw128_offset<BN>(r, 8 * c);
+    st_shared_v4(dst + off, v);
+    if constexpr (Cfg::kCrossover) st_async_v4(peer_dst + off, v, peer_bar);
+  };
+  const float scale = ld_shared_f32(smem_addr(ss.scales[t]) + 4 * (q / (128 / kE4m3)));  // one per 128 values
   auto cvt = [&](uint32_t w) {  // the two e4m3 of w's low 16 bits, scaled, as bf16x2
     const float2 f = e4m3x2_to_float2(w);
     return ElemTraits<cutlass::bfloat16_t>::pack2(f.x * scale, f.y * scale);
   };
+  if constexpr (Cfg::kCrossover) {
 #pragma unroll 1
-  for (int k = 0; k < 8; ++k) {
-    const uint4 x = ld_shared_v4(src + q * 128 + k * 16);
-    const int c = 16 * q + 2 * k;  // columns 8 c .. 8 c + 15
-    st_shared_v4(chunk_addr(c), make_uint4(cvt(x.x), cvt(x.x >> 16), cvt(x.y), cvt(x.y >> 16)));
-    st_shared_v4(chunk_addr(c + 1), make_uint4(cvt(x.z), cvt(x.z >> 16), cvt(x.w), cvt(x.w >> 16)));
+    for (int k = 0; k < kE4m3 / 16; ++k) {
+      const uint4 x = ld_shared_v4(src + q * kE4m3 + k * 16);
+      const int c = (kE4m3 / 8) * q + 2 * k;  // columns 8 c .. 8 c + 15 (no signed division: it costs a fix-up)
+      put(c, make_uint4(cvt(x.x), cvt(x.x >> 16), cvt(x.y), cvt(x.y >> 16)));
+      put(c + 1, make_uint4(cvt(x.z), cvt(x.z >> 16), cvt(x.w), cvt(x.w >> 16)));
+    }
+  } else {
+    // (The same, written as before the crossover: its schedule measured 1-3% faster on the H200.)
+#pragma unroll 1
+    for (int k = 0; k < 8; ++k) {
+      const uint4 x = ld_shared_v4(src + q * 128 + k * 16);
+      const int c = 16 * q + 2 * k;
+      st_shared_v4(dst + sw128_offset<BN>(r, 8 * c), make_uint4(cvt(x.x), cvt(x.x >> 16), cvt(x.y), cvt(x.y >> 16)));
+      st_shared_v4(dst + sw128_offset<BN>(r, 8 * c + 8),
+                   make_uint4(cvt(x.z), cvt(x.z >> 16), cvt(x.w), cvt(x.w >> 16)));
+    }
   }
 #pragma unroll
-  for (int k = 0; k < 2; ++k) st_shared_v4(chunk_addr(64 + 2 * q + k), ld_shared_v4(src + 528 + 32 * q + 16 * k));
+  for (int k = 0; k < kRope / 16; ++k) put(64 + (kRope / 16) * q + k, ld_shared_v4(src + 528 + kRope * q + 16 * k));
+  if constexpr (Cfg::kCrossover) {
+    // This CTA's half of the tile's valid bits (word `rank` of its slot, written at the gather by
+    // warps that have since arrived on pv_done, which this thread waited) to the peer.
+    if (t == 0) {
+      const uint32_t word = smem_addr(ss.tile_valid + 2 * (m % Cfg::kFlagSlots) + ws_pair_rank());
+      st_async_b32(mapa_shared(word, ws_pair_rank() ^ 1), ld_shared_u32(word), peer_bar);
+    }
+  }
   fence_proxy_async_shared();  // read by wgmma (async proxy)
   __syncwarp();
-  if (t % 32 == 0) mbarrier_arrive(&ss.kv_ready[s]);
+  if (t % 32 == 0) {
+    if (Cfg::kCrossover && t == 0) {
+      mbarrier_arrive_expect_tx(&ss.kv_ready[s], Cfg::kPeerBytes);
+    } else {
+      mbarrier_arrive(&ss.kv_ready[s]);
+    }
+  }
 }
 
 // Tiles of this CTA (WG0 owns the walk; the P V warpgroups only need the count).
@@ -1330,7 +1401,8 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
   }
   // KV_FP8: the TMA refills the landing slot, which ws_dequant_tile releases. Sparse: the P V
   // warpgroups refill the stage themselves after a named barrier.
-  if constexpr (!Cfg::kKvFp8 && !Cfg::kSparse) ws_release_stage<Cfg>(ss, stage, lane);
+  // Crossover: released to both CTAs of the cluster, whose de-quantization writes it.
+  if constexpr ((!Cfg::kKvFp8 && !Cfg::kSparse) || Cfg::kCrossover) ws_release_stage<Cfg>(ss, stage, lane);
   return info;
 }
 
@@ -1482,8 +1554,20 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
     } else if constexpr (Cfg::kSparseFp8) {
       // Tile n + 1 into the stage of tile n - 1 once both P V warpgroups are past P V(n - 1), and
       // tile n + 2's records into the slot (each thread's own quarter: read back just before).
+      // Crossover: the peer's P V warpgroups too, since the de-quantization writes its stage as well
+      // (pv_done: 8 warps of each CTA).
       if (n + 1 < num_tiles) {
-        if (n > 0) named_barrier_sync(kBarDequant, 256);
+        if (n > 0) {
+          if constexpr (Cfg::kCrossover) {
+            mbarrier_wait(&ss.pv_done[(n + 1) % NS], ((n - 1) / NS) & 1);
+          } else {
+            named_barrier_sync(kBarDequant, 256);
+          }
+        } else if constexpr (Cfg::kCrossover) {
+          // Stage 1 is free, but tile 1's valid bytes (gathered by the other warps in the prologue)
+          // must be written before thread 0 sends them to the peer.
+          named_barrier_sync(kBarDequant, 256);
+        }
         if (tid == 128) WsPhaseTrace::mark(n, 4);
         const int t = ws_opaque(tid) - 128;
         ws_dequant_records<Cfg>(ss, n + 1, t);
