@@ -5,11 +5,14 @@ half its h_q 128 time (ANCHORS has no h_q 64 prefill figure: that half is the bo
 row reads FlashMLA's 656-byte records straight from the cache (engines up-convert the cache to bf16
 first; FlashMLA has no such kernel). FLOPs as FlashMLA's test counts them: 2 s_q h_q topk (d_qk + 512).
 
-    python bench/bench_sparse_prefill.py [--arch sm_80|sm_89] [--quick] [--json out.json]
+    python bench/bench_sparse_prefill.py [--arch sm_80|sm_89] [--quick] [--against-package mla_jit_prev] [--json out.json]
+
+--against-package: another copy of the package (scripts/prepare_prev.sh) timed call by call with this one.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -47,13 +50,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--arch", help="tuning forced through MLA_JIT_ARCH (e.g. sm_80, sm_89)")
     parser.add_argument("--quick", action="store_true", help="the s_kv 32768 rows only")
+    parser.add_argument("--against-package", help="a second copy of the package, timed interleaved")
     parser.add_argument("--json")
     args = parser.parse_args()
+    other = importlib.import_module(args.against_package) if args.against_package else None
     if args.arch:
         os.environ["MLA_JIT_ARCH"] = args.arch
     flush = torch.empty(8 << 30, dtype=torch.uint8, device="cuda")
     results = []
-    print(f"{'kv':>4} {'d_qk':>4} {'h_q':>4} {'s_kv':>6} {'us':>8} {'TFLOPS':>7} {'FlashMLA us':>11} {'ratio':>6}")
+    print(f"{'kv':>4} {'d_qk':>4} {'h_q':>4} {'s_kv':>6} {'us':>8} {'TFLOPS':>7} {'FlashMLA us':>11} {'ratio':>6}"
+          + (f" {'other us':>8} {'other/us':>8}" if other else ""))
     for kv_format, d, h_q, s_kv, anchor_us in ROWS:
         if args.quick and s_kv != 32768:
             continue
@@ -61,16 +67,19 @@ def main() -> None:
         sink = torch.zeros(h_q, device="cuda")
         scale = d ** -0.5
 
-        def call():
-            return mla_jit.flash_mla_sparse_fwd(q, kv, indices, scale, attn_sink=sink)
-        (us,) = time_interleaved([(lambda: None, call)], flush)
+        def caller(pkg):
+            return lambda: pkg.flash_mla_sparse_fwd(q, kv, indices, scale, attn_sink=sink)
+        variants = [(lambda: None, caller(mla_jit))] + ([(lambda: None, caller(other))] if other else [])
+        us, *other_us = time_interleaved(variants, flush)
         flop = 2 * S_Q * h_q * TOPK * (d + 512)
         row = {"kv": kv_format, "d_qk": d, "h_q": h_q, "s_kv": s_kv, "s_q": S_Q, "topk": TOPK, "us": us,
                "tflops": flop / us / 1e6, "flashmla_us": anchor_us, "ratio": anchor_us / us,
                "arch": args.arch or "native"}
+        if other:
+            row.update(other_us=other_us[0], other_ratio=other_us[0] / us)
         results.append(row)
         print(f"{kv_format:>4} {d:>4} {h_q:>4} {s_kv:>6} {us:>8.1f} {row['tflops']:>7.1f} {anchor_us:>11.1f} "
-              f"{row['ratio']:>6.3f}")
+              f"{row['ratio']:>6.3f}" + (f" {other_us[0]:>8.1f} {other_us[0] / us:>8.3f}" if other else ""))
         del q, kv, indices
     if args.json:
         with open(args.json, "w") as f:

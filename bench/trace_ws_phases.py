@@ -82,7 +82,7 @@ def main() -> None:
     torch.cuda.synchronize()
     tables = _phase_tables(family, torch.cuda.current_device())
     if not tables:
-        raise SystemExit(f"no {family} binary with a phase table (sparse: h_q above 16 on sm_90a?)")
+        raise SystemExit(f"no {family} binary with a phase table (an sm_90a GPU?)")
     for _ in range(max(1, args.runs)):
         for address, nbytes in tables:
             check(cu().cuMemsetD8(address, 0, nbytes), "clearing a trace table")

@@ -113,7 +113,7 @@ if [ -z "${SKIP_SPARSE_BENCH:-}" ]; then  # sparse decode against FlashMLA's H20
   done
 fi
 if [ -z "${SKIP_SPARSE_PREFILL_BENCH:-}" ]; then  # flash_mla_sparse_fwd against FlashMLA's H200 figures
-  python3 bench/bench_sparse_prefill.py ${SPARSE_PREFILL_ARGS:-} --json "$OUT/sparse_prefill.json" 2>&1 \
+  python3 bench/bench_sparse_prefill.py ${SPARSE_PREFILL_ARGS:-} ${BENCH_AGAINST_PACKAGE:+--against-package "$BENCH_AGAINST_PACKAGE"} --json "$OUT/sparse_prefill.json" 2>&1 \
     | tee "$OUT/sparse_prefill.log" | tail -n 11
   for arch in ${SPARSE_BENCH_ARCHS:-}; do
     python3 bench/bench_sparse_prefill.py --arch "$arch" --quick --json "$OUT/sparse_prefill_$arch.json" 2>&1 | tail -n 5

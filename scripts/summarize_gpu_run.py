@@ -55,6 +55,8 @@ def _sparse_summary(out: Path) -> None:
         else:
             cells = [f"{r['kv']}/{r['d_qk']}/{r['h_q']}/{r['s_kv']} {r['tflops']:.0f}TF {r['ratio']:.3f}" for r in rows]
             head = "kv/d_qk/h_q/s_kv"
+        if "other_ratio" in rows[0]:  # --against-package: the other package's us / ours
+            cells = [f"{c} A/B {r['other_ratio']:.3f}" for c, r in zip(cells, rows)]
         print(f"{path.stem} ({rows[0]['arch']}), FlashMLA us / ours; {head}:")
         for i in range(0, len(cells), 3):
             print("  " + "  ".join(f"{c:30s}" for c in cells[i:i + 3]))

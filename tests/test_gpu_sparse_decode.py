@@ -1,4 +1,4 @@
-"""The sparse (DSA) decode over FlashMLA's FP8 records on a Hopper GPU (the mma.sync kernel; also
+"""The sparse (DSA) decode over FlashMLA's FP8 records on a Hopper GPU (the wgmma kernel; also the mma.sync one
 with the Ampere/Ada tunings forced), against a float32 reference of the de-quantized records.
 
 Bounds: the kernel's K and V are exactly the reference's (e4m3 x scale rounded once to bf16), so
@@ -63,7 +63,7 @@ def _grid() -> list[SparseCase]:
               SparseCase(5, 2, 16, 128, topk_length=True, zero_lengths=True, sink=True),
               SparseCase(2, 1, 16, 256, invalid=1.0), SparseCase(2, 2, 64, 512, pow2_scales=False),
               SparseCase(64, 2, 128, 2048, s_k=8192), SparseCase(128, 1, 16, 2048, s_k=32768, sink=True),
-              # the wgmma kernel (sm_90a, more than 16 heads): empty rows, long topk, page 256
+              # empty rows, long topk, page 256
               SparseCase(5, 2, 64, 128, topk_length=True, zero_lengths=True, sink=True),
               SparseCase(2, 1, 100, 8192, s_k=32768, page=256, topk_length=True, sink=True)]
     return cases
@@ -108,7 +108,7 @@ def test_sparse_decode_schedule_tensors():
     _check(SparseCase(3, 2, 32, 256, topk_length=True, sink=True), api="tensors")
 
 
-@pytest.mark.parametrize("h_q", [16, 64, 128])   # the mma.sync kernel and (on Hopper) the wgmma one, paired at 128
+@pytest.mark.parametrize("h_q", [16, 64, 128])   # on Hopper the wgmma kernel, paired at 128
 def test_sparse_decode_graph_replay_with_new_indices(h_q):
     case = SparseCase(4, 2, h_q, 256, topk_length=True, sink=True)
     q, records, deq, indices, topk_length, attn_sink = make_sparse_inputs(case, seed=5)

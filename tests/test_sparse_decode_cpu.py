@@ -14,8 +14,7 @@ from mla_jit.runtimes import registry
 from .helpers import sass_of
 
 
-@pytest.mark.parametrize("arch,stages,smem", [("sm_90a", 4, 111_680), ("sm_80", 4, 111_680),
-                                              ("sm_89", 3, 84_784), ("sm_86", 3, 84_784)])
+@pytest.mark.parametrize("arch,stages,smem", [("sm_80", 4, 111_680), ("sm_89", 3, 84_784), ("sm_86", 3, 84_784)])
 def test_config_fits_each_arch(arch, stages, smem):
     cfg = sparse_decode_config(64, parse_arch(arch))
     assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.sparse) == (16, 16, stages, "fp8_records")
@@ -34,8 +33,8 @@ def test_config_rejects_what_the_kernel_does_not_serve():
 
 
 def test_schedule_parts_cover_one_wave():
-    hopper = parse_arch("sm_90a")
-    assert ctas_per_sm(sparse_decode_config(64, hopper), 233_472) == 2   # 2 x (111.7 + 1) KB of a 228 KB SM
+    ampere = parse_arch("sm_80")
+    assert ctas_per_sm(sparse_decode_config(64, ampere), 233_472) == 2   # 2 x (111.7 + 1) KB of a 228 KB SM
     assert num_sm_parts(132, 2, 16) == 264 and num_sm_parts(132, 2, 128) == 33 and num_sm_parts(1, 1, 128) == 1
 
 
@@ -85,7 +84,7 @@ def test_op_level_rejections():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch_name", ["sm_90a", "sm_89"])
+@pytest.mark.parametrize("arch_name", ["sm_80", "sm_89"])
 def test_sparse_kernel_compiles_without_spills(arch_name, cache_root, monkeypatch, tmp_path):
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
     arch = ArchPair(parse_arch(arch_name), parse_arch(arch_name))

@@ -17,7 +17,7 @@ from mla_jit.runtimes.decode import DECODE_PARAMS, METADATA_PARAMS
 from .helpers import sass_of
 
 
-@pytest.mark.parametrize("arch,d,smem", [("sm_90a", 576, 77_888), ("sm_89", 576, 77_888), ("sm_89", 512, 69_696)])
+@pytest.mark.parametrize("arch,d,smem", [("sm_80", 576, 77_888), ("sm_89", 576, 77_888), ("sm_89", 512, 69_696)])
 def test_bf16_rows_config_has_no_landing_slots(arch, d, smem):
     cfg = sparse_config(BF16_ROWS, d, 16, parse_arch(arch))
     # 4 stages of 16 bf16 rows, their valid flags and the S exchange; the page size is a placeholder.
@@ -25,21 +25,21 @@ def test_bf16_rows_config_has_no_landing_slots(arch, d, smem):
     assert sparse_config(FP8_RECORDS, 576, 64, parse_arch(arch)) == sparse_decode_config(64, parse_arch(arch))
 
 
-@pytest.mark.parametrize("arch,h_q,tiles", [("sm_90a", 16, (16, 16, 4, 4)), ("sm_80", 20, (32, 16, 3, 4)),
+@pytest.mark.parametrize("arch,h_q,tiles", [("sm_80", 16, (16, 16, 4, 4)), ("sm_80", 20, (32, 16, 3, 4)),
                                            ("sm_80", 32, (32, 16, 3, 4)), ("sm_80", 128, (64, 32, 2, 8)),
                                            ("sm_89", 128, (32, 16, 3, 4)), ("sm_86", 8, (16, 16, 4, 4))])
 def test_bf16_rows_tiles_grow_with_the_heads(arch, h_q, tiles):
     """Above 16 heads a gathered row feeds 32 or 64 heads' MMAs (the dense family's Q-in-smem tiles)."""
     cfg = sparse_config(BF16_ROWS, 576, 64, parse_arch(arch), h_q)
     assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.num_warps) == tiles and cfg.smem_bytes <= cfg.smem_limit
-    # FP8 records on the mma.sync kernel: the 16-row tiles (above 16 heads on sm_90a: the wgmma kernel)
+    # FP8 records on the mma.sync kernel: the 16-row tiles
     fp8 = sparse_config(FP8_RECORDS, 576, 64, parse_arch(arch), h_q)
     assert (fp8.block_m, fp8.block_n) == (16, 16) and fp8.smem_bytes <= fp8.smem_limit
 
 
-@pytest.mark.parametrize("h_q", [17, 32, 64, 100, 128])
+@pytest.mark.parametrize("h_q", [1, 8, 16, 17, 32, 64, 100, 128])
 @pytest.mark.parametrize("d", [576, 512])
-def test_more_than_16_heads_take_the_wgmma_kernel_on_hopper(h_q, d):
+def test_every_head_count_takes_the_wgmma_kernel_on_hopper(h_q, d):
     cfg = sparse_config(BF16_ROWS, d, 64, parse_arch("sm_90a"), h_q)
     assert cfg == SparseWsConfig(d, 3) and family_of(cfg) == "mla_sparse_sm90"
     assert (cfg.block_m, cfg.num_threads, cfg.sparse_kv) == (64, 384, 2)
@@ -52,8 +52,6 @@ def test_more_than_16_heads_take_the_wgmma_kernel_on_hopper(h_q, d):
     assert sparse_config(FP8_RECORDS, 576, 16, parse_arch("sm_90a"), h_q).unclustered() == unpaired
     assert family_of(sparse_config(BF16_ROWS, d, 64, parse_arch("sm_80"), h_q)) == "mla_sparse_decode"
     assert family_of(sparse_config(FP8_RECORDS, 576, 64, parse_arch("sm_89"), h_q)) == "mla_sparse_decode"
-    # 16 heads or fewer: the mma.sync kernel's 16-row tiles (a 64-row wgmma tile would be 3/4 padding)
-    assert family_of(sparse_config(BF16_ROWS, d, 64, parse_arch("sm_90a"), 16)) == "mla_sparse_decode"
     with pytest.raises(InvalidArgumentError, match="SparseWsConfig.head_dim"):
         SparseWsConfig(192, 3)
     with pytest.raises(InvalidArgumentError, match="SparseWsConfig.num_stages"):
@@ -138,12 +136,14 @@ def test_prewarm_lists_the_prefill_kernels():
     family = registry.get("mla_sparse_decode")
     v32 = [p for p in PRESETS.values() if p.indexer_heads and p.head_dim == 576]
     assert v32, "a preset with DeepSeek sparse attention"
-    configs = family.prewarm_configs(parse_arch("sm_90a"), v32)
+    configs = family.prewarm_configs(parse_arch("sm_89"), v32)
     assert {c.sparse for c in configs} == {FP8_RECORDS, BF16_ROWS}
-    # the kernels of the presets' head counts (128 / 64 / 32 / 16 heads at TP 1 / 2 / 4 / 8): mma.sync
-    # 16-row tiles at 16 heads, the wgmma kernel above
-    assert {c.block_m for c in configs} == {16}
-    # (FP8 records at 128 heads: the crossover's clustered kernel and its unclustered fallback)
+    # the kernels of the presets' head counts (128 / 64 / 32 / 16 heads at TP 1 / 2 / 4 / 8): on Ada
+    # 16-row tiles (FP8 records; bf16 rows at 16 heads) and 32-row ones (bf16 rows above)
+    assert {c.block_m for c in configs} == {16, 32}
+    # Hopper: the wgmma kernel at every head count (FP8 records at 128 heads: the crossover's clustered
+    # kernel and its unclustered fallback)
+    assert family.prewarm_configs(parse_arch("sm_90a"), v32) == []
     assert set(registry.get("mla_sparse_sm90").prewarm_configs(parse_arch("sm_90a"), v32)) == {
         SparseWsConfig(576, 2, FP8_RECORDS, 64, 2), SparseWsConfig(576, 2, FP8_RECORDS, 64), SparseWsConfig(576, 3)}
     assert registry.get("mla_sparse_sm90").prewarm_configs(parse_arch("sm_90a"), []) == []

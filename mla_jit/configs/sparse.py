@@ -1,12 +1,13 @@
 """Configs of the sparse (DSA) attention kernels: pure functions of the arch and the token storage.
 
 Tokens are FlashMLA's FP8 records (the decode's cache, also read by the sparse prefill) or bf16 rows
-(the sparse prefill's kv, d_qk 576 or 512), gathered by index. On sm_90a, above 16 heads: the dense
-decode's warp-specialized wgmma kernel (splitkv_ws.cuh with SPARSE_KV, SparseWsConfig): 64 heads of
-one query token a tile, the P V warpgroups gathering the tiles (and de-quantizing FP8 records into
-bf16). Else the mma.sync split-KV kernel (splitkv_sm80.cuh with SPARSE_KV): FP8 records 16 heads a
-CTA with Q in registers, each tile de-quantized one tile ahead of its use; bf16 rows on the dense
-family's tiles, so that above 16 heads a gathered row feeds 32 or 64 heads' MMAs.
+(the sparse prefill's kv, d_qk 576 or 512), gathered by index. On sm_90a, at every head count: the
+dense decode's warp-specialized wgmma kernel (splitkv_ws.cuh with SPARSE_KV, SparseWsConfig): 64 heads
+of one query token a tile (fewer heads pad the tile, as FlashMLA does), the P V warpgroups gathering
+the tiles (and de-quantizing FP8 records into bf16). On sm_80 / sm_86 / sm_89 the mma.sync split-KV
+kernel (splitkv_sm80.cuh with SPARSE_KV): FP8 records 16 heads a CTA with Q in registers, each tile
+de-quantized one tile ahead of its use; bf16 rows on the dense family's tiles, so that above 16 heads
+a gathered row feeds 32 or 64 heads' MMAs.
 """
 from __future__ import annotations
 
@@ -32,12 +33,8 @@ MAX_TOPK = 1 << 20
 FP8_RECORDS, BF16_ROWS = "fp8_records", "bf16_rows"
 # bf16 rows are not paged: the config's page size is a fixed placeholder.
 _ROWS_PAGE = 64
-# Per-block shared memory the tile plans may take: sm_80 163 KB, sm_86 / sm_89 99 KB, sm_90a 227 KB.
-_SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90a": 227 * 1024}
-
-
-# At least this many heads on sm_90a: the warp-specialized wgmma kernel (64-row tiles).
-WS_MIN_HEADS = 17
+# Per-block shared memory the mma.sync tile plans may take: sm_80 163 KB, sm_86 / sm_89 99 KB.
+_SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024}
 
 
 @dataclass(frozen=True)
@@ -84,25 +81,26 @@ def _tiles(arch: Arch, head_dim: int, kv: str, h_q: int) -> tuple[int, int, int,
     """(block_m, block_n, stages, warps) of the mma.sync kernel. FP8 records, and bf16 rows of at most
     16 heads: 16 x 16 tiles with Q in registers, 4 stages where they fit (FP8 records 111.6 KB, bf16
     rows <= 78 KB), else 3 (FP8 records: 84.7 KB on the 99 KB Ada / GA10x blocks). bf16 rows of more
-    heads: 32 x 16, 3 stages, 4 warps (99 KB at d 576); above 32 heads on sm_80 / sm_90a 64 x 32 with
-    8 warps and 2 stages (sm_80's 163 KB) or 3 (sm_90a's 227 KB; forced tunings only: sm_90a takes
-    the wgmma kernel there)."""
+    heads: 32 x 16, 3 stages, 4 warps (99 KB at d 576); above 32 heads on sm_80 64 x 32 with 8 warps
+    and 2 stages (its 163 KB)."""
     if kv == FP8_RECORDS or h_q <= BLOCK_M:
         fits = _sm80_smem_bytes(BLOCK_M, BLOCK_N, 4, NUM_WARPS, head_dim, kv) <= _SMEM_LIMIT[arch.name]
         return BLOCK_M, BLOCK_N, 4 if fits else 3, NUM_WARPS
-    if h_q <= 32 or arch.name not in ("sm_80", "sm_90a"):
+    if h_q <= 32 or arch.name != "sm_80":
         return 32, 16, 3, 4
-    return 64, 32, 3 if arch.name == "sm_90a" else 2, 8
+    return 64, 32, 2, 8
 
 
 @functools.lru_cache(maxsize=None)
 def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch, h_q: int = BLOCK_M,
                   cluster: str = "auto") -> Sm80DecodeConfig | SparseWsConfig:
     """The kernel over `kv` tokens (FP8_RECORDS in pages of page_size, or BF16_ROWS of head_dim) for
-    h_q query heads: the wgmma kernel for more than 16 heads on sm_90a, else the mma.sync kernel's
-    tiles. cluster: the MLA_JIT_SM90_CLUSTER choice; FP8 records over an even number of 64-head
-    tiles then pair them (the crossover)."""
-    if arch.name == "sm_90a" and h_q >= WS_MIN_HEADS:
+    h_q query heads: the wgmma kernel on sm_90a, else the mma.sync kernel's tiles. The wgmma kernel
+    also below 64 heads (a tile of 8 or 16 heads is mostly padding, as in FlashMLA): at 16 heads it
+    took 0.74-0.84x the time of the mma.sync kernel's 16-row tiles (H200, bench/NOTES.md session 27).
+    cluster: the MLA_JIT_SM90_CLUSTER choice; FP8 records over an even number of 64-head tiles then
+    pair them (the crossover)."""
+    if arch.name == "sm_90a":
         if kv == BF16_ROWS:
             return SparseWsConfig(head_dim, 3)
         return SparseWsConfig(HEAD_DIM, 2, kv, page_size, cluster_m_for(-(-h_q // 64), cluster))

@@ -132,12 +132,11 @@ class MlaDecodeSm80Family(KernelFamily[Sm80DecodeConfig]):
 
 @register
 class MlaSparseDecodeFamily(MlaDecodeSm80Family):
-    """The sparse (DSA) decode and prefill (configs/sparse.py): the mma.sync split-KV kernel with
-    SPARSE_KV (FP8 records, or the prefill's bf16 rows), on every arch (Hopper included, until a wgmma
-    kernel lands)."""
+    """The sparse (DSA) decode and prefill (configs/sparse.py) below Hopper: the mma.sync split-KV
+    kernel with SPARSE_KV (FP8 records, or the prefill's bf16 rows)."""
     name = "mla_sparse_decode"
     ops = ("flash_mla_with_kvcache", "flash_mla_sparse_fwd")
-    tunings = ("sm_90a", "sm_80", "sm_86", "sm_89")
+    tunings = ("sm_80", "sm_86", "sm_89")
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[Sm80DecodeConfig]:
         return [c for c in _sparse_prewarm(arch, presets) if family_of(c) == self.name]
