@@ -67,6 +67,14 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const TmaDescriptor*
       : "memory");
 }
 
+// Bulk copy (the TMA engine, no tensor map) of `bytes` (a multiple of 16; both addresses 16-byte
+// aligned) from global memory to this CTA's shared memory, completing `bytes` of bar's tx count.
+__device__ __forceinline__ void bulk_load(uint32_t smem_dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_dst), "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
 // L2 eviction priorities, as cache-hint policies (createpolicy) for TMA loads and stores.
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   uint64_t policy;

@@ -109,11 +109,12 @@
 // kernel merges splits (no fused combine; clusters only for FP8 records, the crossover below).
 //   bf16 rows (2): gathered straight into stage n % NS once both P V warpgroups are past P V(n - NS)
 //   (named barrier 6), arriving on full[s] (256 cp.async arrivals + 8 warps' valid bytes).
-//   FP8 records (1): 2 bf16 stages and one 45 KB record slot. Each thread gathers a quarter record
-//   (128 e4m3, a copy of the 4 scales, 32 rope bytes) into the slot and later de-quantizes exactly
-//   that quarter into the stage (its own cp.async wait orders the two: no barrier), fences, and its
-//   warp arrives on kv_ready[s]. Per tile n: [named barrier 6: P V(n - 1) done] de-quantize tile
-//   n + 1 -> P V(n), and while its wgmma runs the gather of tile n + 2 and the index of n + 3.
+//   FP8 records (1): 2 bf16 stages and one 41 KB record slot, filled by bulk copies (one a token,
+//   ws_gather_records) that complete on `landed`. Each thread then de-quantizes a quarter record
+//   (128 e4m3 with their scale, 32 rope bytes) into the stage, fences, and its warp arrives on
+//   kv_ready[s], which also frees the slot for the next tile's copies. Per tile n: [named barrier 6:
+//   P V(n - 1) done] de-quantize tile n + 1 -> P V(n), and while its wgmma runs the gather of tile
+//   n + 2 and the index of n + 3.
 //   Crossover (FP8 records, CLUSTER_M 2: the cluster is two head tiles of the same tokens): each CTA
 //   gathers and de-quantizes half of every tile (8 threads a token) into its own stage and its
 //   peer's (st.async completing the peer's kv_ready, which expects kPeerBytes besides its 8 warp
@@ -449,6 +450,8 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   static constexpr bool kDequantInPv = kKvFp8 || kSparseFp8;
   // FlashMLA's V3.2 FP8 record of a token: 512 e4m3, 4 float32 scales (one per 128 values), 64 bf16.
   static constexpr int kRecordBytes = 656;
+  // FP8 records: arrivals on the record slot's `landed` barrier a tile, one per token the CTA gathers.
+  static constexpr int kRecordArrivals = kCrossover ? BLOCK_N_ / 2 : BLOCK_N_;
   // Sparse: slots of the per-token valid bits, by tile (tile m's in slot m % kFlagSlots). Records
   // are gathered two tiles ahead of their stage's reuse, so 4 slots; bf16 rows a slot per stage.
   static constexpr int kFlagSlots = kSparseFp8 ? 4 : NUM_STAGES_;
@@ -492,12 +495,16 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     alignas(1024) unsigned char landing[NUM_STAGES][Tiles::kTileBytes];
   };
   struct NoLandingSlots {};
-  // FP8 records: one tile of records (41 KB), gathered a tile ahead of its de-quantization.
+  // FP8 records: one tile of records (41 KB), gathered a tile ahead of its de-quantization, a bulk
+  // copy a token completing on `landed` (kRecordArrivals arrivals and the records' bytes).
   struct RecordSlot {
     alignas(1024) unsigned char records[BLOCK_N * kRecordBytes];
-    // Each gathering thread's own 16-byte copy of its record's 4 scales (a 16-byte cp.async.cg, not
-    // a 4-byte one through L1, which the 227 KB carve-out leaves thrashed).
-    alignas(16) unsigned char scales[BLOCK_N * 4][16];
+    // Zeros (written once), de-quantized in place of an invalid token's stale slot bytes.
+    alignas(16) unsigned char null_record[kRecordBytes];
+    alignas(8) uint64_t landed;
+    // Crossover: the CTA's 8 P V warps have read the slot's records (kv_ready, which frees it
+    // without the crossover, also waits for the peer's half).
+    uint64_t records_read;
   };
   struct SharedStorage
       : cute::conditional_t<kKvFp8, LandingSlots, cute::conditional_t<kSparseFp8, RecordSlot, NoLandingSlots>> {
@@ -1174,6 +1181,8 @@ template <typename Cfg>
 __device__ __forceinline__ void ws_load_index(const DecodeParams& p, int origin, int m, int num_tiles, int t,
                                               WsGatherIndex& gi) {
   if (m >= num_tiles) return;
+  // FP8 records: a token's part-0 thread alone copies the record (its other threads keep idx -1).
+  if (Cfg::kSparseFp8 && ws_gather_slot<Cfg>(t).q != 0) return;
   const WsSparseTile tile = ws_sparse_tile(p, origin, m);
   gi.tok = tile.tok + ws_gather_slot<Cfg>(t).r;
   gi.idx = gi.tok < p.topk ? __ldg(p.block_table + (long long)tile.bi * p.block_table_stride + gi.tok) : -1;
@@ -1184,24 +1193,35 @@ __device__ __forceinline__ void ws_load_index(const DecodeParams& p, int origin,
 // kGatherChunks 16-byte chunks each, in the TMA's SW128 layout, sw128_offset). An invalid token
 // (index -1 or past the rows, or past topk_length) is zero-filled, never read, and its valid bit is 0. Each thread's cp.asyncs arrive on full[s] when they land; lane 0
 // of each warp writes its 8 tokens' valid bits and arrives after them (full: 256 + 8 arrivals).
-// FP8 records: thread t copies (and later de-quantizes) part q of record r (ws_gather_slot) into
-// the record slot: its e4m3 bytes, its own copy of the 4 scales and its share of the rope. The
-// thread reads back only what it wrote, so its own cp.async wait orders the two (no barrier), and
-// its next gather follows its de-quantization in program order. Invalid tokens are zero-filled
-// (scale 0: a zero row).
+// FP8 records: tile m's records go into the record slot by bulk copies (the TMA engine), one a
+// token, issued by the token's part-0 thread (the 4 or 8 threads of a token then de-quantize it),
+// each arriving on `landed` with the record's bytes. Before, 256 threads issued 11 16-byte cp.async
+// each a tile, whose scattered addresses shared the LSU with the de-quantization's shared accesses
+// and the wgmma issue. The slot held tile m - 1: every P V warp arrived on its kv_ready after
+// de-quantizing it (reading the slot), which the issuing threads wait for (crossover: on
+// records_read, which does not wait for the peer's half). An invalid token copies nothing (its
+// valid bit is 0: its de-quantization writes zeros).
 template <typename Cfg>
-__device__ __forceinline__ void ws_gather_record_part(const DecodeParams& p, const void* cache,
-                                                      typename Cfg::SharedStorage& ss, int t, bool ok, int idx) {
-  constexpr int R = Cfg::kRecordBytes, kE4m3 = 512 / Cfg::kGatherParts, kRope = 128 / Cfg::kGatherParts;
-  const auto [r, q] = ws_gather_slot<Cfg>(t);
-  const char* src = reinterpret_cast<const char*>(cache);
-  if (ok) src += (long long)(idx / Cfg::PAGE_SIZE) * p.kv_block_stride + (idx % Cfg::PAGE_SIZE) * R;
-  const uint32_t dst = smem_addr(ss.records) + r * R;
-#pragma unroll
-  for (int k = 0; k < kE4m3 / 16; ++k) cp_async_16(dst + q * kE4m3 + k * 16, src + q * kE4m3 + k * 16, ok);
-  cp_async_16(smem_addr(ss.scales[t]), src + 512, ok);
-#pragma unroll
-  for (int k = 0; k < kRope / 16; ++k) cp_async_16(dst + 528 + kRope * q + 16 * k, src + 528 + kRope * q + 16 * k, ok);
+__device__ __forceinline__ void ws_gather_records(const DecodeParams& p, const void* cache,
+                                                  typename Cfg::SharedStorage& ss, int m, int t, bool ok, int idx) {
+  constexpr int R = Cfg::kRecordBytes, NS = Cfg::NUM_STAGES;
+  const WsGatherSlot slot = ws_gather_slot<Cfg>(t);
+  if (slot.q != 0) return;
+  if (m > 0) {
+    if constexpr (Cfg::kCrossover) {
+      mbarrier_wait(&ss.records_read, (m - 1) & 1);
+    } else {
+      mbarrier_wait(&ss.kv_ready[(m - 1) % NS], ((m - 1) / NS) & 1);
+    }
+  }
+  if (ok) {
+    const char* src = reinterpret_cast<const char*>(cache) + (long long)(idx / Cfg::PAGE_SIZE) * p.kv_block_stride +
+                      (idx % Cfg::PAGE_SIZE) * R;
+    mbarrier_arrive_expect_tx(&ss.landed, R);
+    bulk_load(smem_addr(ss.records) + slot.r * R, src, R, &ss.landed);
+  } else {
+    mbarrier_arrive(&ss.landed);
+  }
 }
 
 template <typename Cfg>
@@ -1213,7 +1233,7 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
   const auto [r, q] = ws_gather_slot<Cfg>(t);
   const bool ok = gi.idx >= 0 && gi.idx < p.kv_tokens && gi.tok < gi.lim;
   if constexpr (Cfg::kSparseFp8) {
-    ws_gather_record_part<Cfg>(p, kv_rows, ss, t, ok, gi.idx);
+    ws_gather_records<Cfg>(p, kv_rows, ss, m, t, ok, gi.idx);
   } else {
     const char* src = reinterpret_cast<const char*>(kv_rows) + (ok ? (long long)gi.idx * p.kv_block_stride : 0);
     const uint32_t dst = smem_addr(ss.kv[s]);
@@ -1236,10 +1256,12 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
   }
 }
 
-// FP8 records: thread t's part of tile m (ws_gather_record_part) into stage m % NS as bf16,
-// each value times its 128-value scale in float32 and rounded once (as the float32 reference
-// does), in the TMA's SW128 layout; the rope copied. Then published to WG0 on kv_ready (the
-// valid bits of the tile were written by the same lanes before).
+// FP8 records: thread t's part of tile m (ws_gather_slot) into stage m % NS as bf16, once the
+// tile's records have landed, each value times its 128-value scale in float32 and rounded once (as
+// the float32 reference does), in the TMA's SW128 layout; the rope copied; an invalid token's part
+// zeros (the null record's, in place of its stale slot bytes). Then published to WG0 on kv_ready (the valid bits of the tile
+// were written before, by lane 0 of the thread's warp or, in the crossover, of its pair's first
+// warp: the pv_done or named barrier this thread passed since orders that write).
 // Crossover: every 16 bytes also go to the peer's stage (st.async, completing the peer's kv_ready
 // tx count); the stage's 8 arrivals here are the local warps', one of them expecting the peer's
 // kPeerBytes. The peer's stage is free: its P V warps arrived on pv_done (ws_pv_warpgroup waits).
@@ -1250,8 +1272,9 @@ __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& 
   const int s = m % NS;
   const WsGatherSlot slot = ws_gather_slot<Cfg>(t);
   const int r = slot.r, q = slot.q;
-  cp_async_wait_all();
-  const uint32_t src = smem_addr(ss.records) + r * R;
+  const bool valid = (ld_shared_u8(smem_addr(ss.tile_valid + 2 * (m % Cfg::kFlagSlots)) + (r >> 3)) >> (r & 7)) & 1u;
+  mbarrier_wait(&ss.landed, m & 1);
+  const uint32_t src = valid ? smem_addr(ss.records) + r * R : smem_addr(ss.null_record);
   const uint32_t dst = smem_addr(ss.kv[s]);
   uint32_t peer_dst = 0, peer_bar = 0;
   if constexpr (Cfg::kCrossover) {
@@ -1264,7 +1287,7 @@ __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& 
     st_shared_v4(dst + off, v);
     if constexpr (Cfg::kCrossover) st_async_v4(peer_dst + off, v, peer_bar);
   };
-  const float scale = ld_shared_f32(smem_addr(ss.scales[t]) + 4 * (q / (128 / kE4m3)));  // one per 128 values
+  const float scale = ld_shared_f32(src + 512 + 4 * (q / (128 / kE4m3)));  // one per 128 values
   auto cvt = [&](uint32_t w) {  // the two e4m3 of w's low 16 bits, scaled, as bf16x2
     const float2 f = e4m3x2_to_float2(w);
     return ElemTraits<cutlass::bfloat16_t>::pack2(f.x * scale, f.y * scale);
@@ -1291,6 +1314,8 @@ __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& 
 #pragma unroll
   for (int k = 0; k < kRope / 16; ++k) put(64 + (kRope / 16) * q + k, ld_shared_v4(src + 528 + kRope * q + 16 * k));
   if constexpr (Cfg::kCrossover) {
+    __syncwarp();
+    if (t % 32 == 0) mbarrier_arrive(&ss.records_read);
     // This CTA's half of the tile's valid bits (word `rank` of its slot, written at the gather by
     // warps that have since arrived on pv_done, which this thread waited) to the peer.
     if (t == 0) {
@@ -1490,6 +1515,9 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
   const int origin = Cfg::kSparse ? ws_walk_origin(p) : 0;
   // FP8 records: tile 0 de-quantized and tile 1 gathered before the loop (which de-quantizes tile
   // n + 1 before its P V(n) and gathers n + 2 beside it).
+  if constexpr (Cfg::kSparseFp8) {
+    if (tid - 128 < Cfg::kRecordBytes / 16) st_shared_v4(smem_addr(ss.null_record) + 16 * (tid - 128), make_uint4(0, 0, 0, 0));
+  }
   if constexpr (Cfg::kSparse) {
     ws_load_index<Cfg>(p, origin, 0, num_tiles, tid - 128, gi);
     if (num_tiles > 0) ws_gather_tile<Cfg>(p, kv_rows, ss, origin, 0, tid - 128, gi);
@@ -1639,6 +1667,10 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       mbarrier_init(&ss.p_full[s], 4);
       mbarrier_init(&ss.pv_done[s], 8 * Cfg::CLUSTER_M);
       if constexpr (Cfg::kDequantInPv) mbarrier_init(&ss.kv_ready[s], 8);
+    }
+    if constexpr (Cfg::kSparseFp8) {
+      mbarrier_init(&ss.landed, Cfg::kRecordArrivals);
+      mbarrier_init(&ss.records_read, 8);
     }
     ss.num_pending = 0;
     fence_barrier_init();
