@@ -74,23 +74,15 @@ def test_sparse_decode_matches_reference(case):
     _check(case)
 
 
-# 128 heads (and 100: a partial second tile) on sm_90a: the two 64-head tiles of a token in a cluster,
-# each CTA de-quantizing half of every tile for both (the crossover): invalid indices and topk_length
-# in both halves (the valid bits cross too), small pages, empty rows.
-_PAIRED = [SparseCase(3, 2, 128, 512, page=16, invalid=0.5, topk_length=True, sink=True),
+# 128 heads (and 100: a partial second tile) on sm_90a: two 64-head tiles walking the same tokens,
+# with invalid indices and topk_length in both halves, small pages, empty rows, all-invalid rows.
+_TWO_HEAD_TILES = [SparseCase(3, 2, 128, 512, page=16, invalid=0.5, topk_length=True, sink=True),
            SparseCase(4, 1, 100, 320, topk_length=True, zero_lengths=True),
            SparseCase(2, 1, 128, 256, invalid=1.0)]
 
 
-@pytest.mark.parametrize("case", _PAIRED, ids=str)
-def test_sparse_decode_paired_head_tiles(case):
-    _check(case)
-
-
-@pytest.mark.parametrize("case", _PAIRED[:2], ids=str)
-def test_sparse_decode_unpaired_head_tiles(case, monkeypatch):
-    """MLA_JIT_SM90_CLUSTER=1: every head tile de-quantizes its tokens itself (the cluster fallback)."""
-    monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", "1")
+@pytest.mark.parametrize("case", _TWO_HEAD_TILES, ids=str)
+def test_sparse_decode_two_head_tiles(case):
     _check(case)
 
 
@@ -108,7 +100,7 @@ def test_sparse_decode_schedule_tensors():
     _check(SparseCase(3, 2, 32, 256, topk_length=True, sink=True), api="tensors")
 
 
-@pytest.mark.parametrize("h_q", [16, 64, 128])   # on Hopper the wgmma kernel, paired at 128
+@pytest.mark.parametrize("h_q", [16, 64, 128])   # on Hopper the wgmma kernel
 def test_sparse_decode_graph_replay_with_new_indices(h_q):
     case = SparseCase(4, 2, h_q, 256, topk_length=True, sink=True)
     q, records, deq, indices, topk_length, attn_sink = make_sparse_inputs(case, seed=5)

@@ -43,21 +43,14 @@ def test_every_head_count_takes_the_wgmma_kernel_on_hopper(h_q, d):
     cfg = sparse_config(BF16_ROWS, d, 64, parse_arch("sm_90a"), h_q)
     assert cfg == SparseWsConfig(d, 3) and family_of(cfg) == "mla_sparse_sm90"
     assert (cfg.block_m, cfg.num_threads, cfg.sparse_kv) == (64, 384, 2)
-    # FP8 records (any page size): 2 bf16 stages and a record slot; not on the other arches. An even
-    # number of 64-head tiles pairs them in clusters (the crossover), unless MLA_JIT_SM90_CLUSTER=1.
-    pairs = 2 if -(-h_q // 64) % 2 == 0 else 1
-    assert sparse_config(FP8_RECORDS, 576, 16, parse_arch("sm_90a"), h_q) == SparseWsConfig(576, 2, FP8_RECORDS, 16, pairs)
-    unpaired = sparse_config(FP8_RECORDS, 576, 16, parse_arch("sm_90a"), h_q, "1")
-    assert unpaired == SparseWsConfig(576, 2, FP8_RECORDS, 16) and unpaired.cluster is None
-    assert sparse_config(FP8_RECORDS, 576, 16, parse_arch("sm_90a"), h_q).unclustered() == unpaired
+    # FP8 records (any page size): 2 bf16 stages and a record slot; not on the other arches.
+    assert sparse_config(FP8_RECORDS, 576, 16, parse_arch("sm_90a"), h_q) == SparseWsConfig(576, 2, FP8_RECORDS, 16)
     assert family_of(sparse_config(BF16_ROWS, d, 64, parse_arch("sm_80"), h_q)) == "mla_sparse_decode"
     assert family_of(sparse_config(FP8_RECORDS, 576, 64, parse_arch("sm_89"), h_q)) == "mla_sparse_decode"
     with pytest.raises(InvalidArgumentError, match="SparseWsConfig.head_dim"):
         SparseWsConfig(192, 3)
     with pytest.raises(InvalidArgumentError, match="SparseWsConfig.num_stages"):
         SparseWsConfig(576, 3, FP8_RECORDS)
-    with pytest.raises(InvalidArgumentError, match="SparseWsConfig.cluster_m"):
-        SparseWsConfig(576, 3, BF16_ROWS, 64, 2)
 
 
 def _args(**kw):
@@ -141,11 +134,10 @@ def test_prewarm_lists_the_prefill_kernels():
     # the kernels of the presets' head counts (128 / 64 / 32 / 16 heads at TP 1 / 2 / 4 / 8): on Ada
     # 16-row tiles (FP8 records; bf16 rows at 16 heads) and 32-row ones (bf16 rows above)
     assert {c.block_m for c in configs} == {16, 32}
-    # Hopper: the wgmma kernel at every head count (FP8 records at 128 heads: the crossover's clustered
-    # kernel and its unclustered fallback)
+    # Hopper: the wgmma kernel at every head count
     assert family.prewarm_configs(parse_arch("sm_90a"), v32) == []
     assert set(registry.get("mla_sparse_sm90").prewarm_configs(parse_arch("sm_90a"), v32)) == {
-        SparseWsConfig(576, 2, FP8_RECORDS, 64, 2), SparseWsConfig(576, 2, FP8_RECORDS, 64), SparseWsConfig(576, 3)}
+        SparseWsConfig(576, 2, FP8_RECORDS, 64), SparseWsConfig(576, 3)}
     assert registry.get("mla_sparse_sm90").prewarm_configs(parse_arch("sm_90a"), []) == []
     # `mla-jit prewarm --op flash_mla_sparse_fwd` warms the scheduler kernel it launches too
     assert "flash_mla_sparse_fwd" in registry.get("mla_metadata").ops

@@ -21,8 +21,7 @@ CLUSTER_ENV = env.declare(
     "Row tiles per thread block cluster of the Hopper `ws` kernels, which then load each KV tile once per "
     "cluster (TMA multicast): `auto` or `2` (2 where the row tiles are even, else 1) or `1`. A clustered "
     "launch falls back to none when the GPU cannot keep every cluster resident at once "
-    "(cuOccupancyMaxActiveClusters). The sparse decode over FP8 records pairs its 64-head tiles the same way "
-    "(each CTA de-quantizes half of every tile for both).",
+    "(cuOccupancyMaxActiveClusters).",
     choices=("auto", "1", "2"), owner=__name__)
 
 BLOCK_M = 64           # query rows (s_q * heads per KV head) per CTA tile

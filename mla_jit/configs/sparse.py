@@ -11,14 +11,12 @@ a gathered row feeds 32 or 64 heads' MMAs.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 
 from ..jit.arch import Arch
 from ..errors import InvalidArgumentError
-from .decode import (SPARSE_KV, SUPPORTED_PAGE_SIZES, Sm80DecodeConfig, _sm80_smem_bytes, cluster_m_for,
-                     sm80_resident_ctas)
+from .decode import SPARSE_KV, SUPPORTED_PAGE_SIZES, Sm80DecodeConfig, _sm80_smem_bytes, sm80_resident_ctas
 from .fields import check_fields
 
 # FlashMLA's V3.2 FP8 record of a token: 512 e4m3 values, 4 float32 scales (one per 128 values),
@@ -42,13 +40,11 @@ class SparseWsConfig:
     """The sm_90a kernel (splitkv_ws.cuh with SPARSE_KV): 64 heads x 64 gathered tokens per tile, one
     S / softmax warpgroup and two P V warpgroups that also gather the tiles (cp.async). bf16 rows are
     gathered into 3 stages; FP8 records (pages of page_size) into a record slot a tile ahead, and
-    de-quantized into 2 bf16 stages. cluster_m 2 (FP8 records): the head tiles of a token in pairs
-    (cluster dims (1, 1, 2)), each CTA de-quantizing half of every tile for both ("crossover")."""
+    de-quantized into 2 bf16 stages."""
     head_dim: int
     num_stages: int
     sparse: str = BF16_ROWS
     page_size: int = _ROWS_PAGE
-    cluster_m: int = 1
 
     block_m = 64
     num_threads = 384
@@ -56,21 +52,10 @@ class SparseWsConfig:
 
     def __post_init__(self):
         check_fields(self, head_dim=PREFILL_HEAD_DIMS, num_stages=(2, 3), sparse=(BF16_ROWS, FP8_RECORDS),
-                     page_size=SUPPORTED_PAGE_SIZES, cluster_m=(1, 2))
+                     page_size=SUPPORTED_PAGE_SIZES)
         if self.sparse == FP8_RECORDS and (self.head_dim, self.num_stages) != (HEAD_DIM, 2):
             raise InvalidArgumentError("SparseWsConfig.num_stages", "head_dim 576 and 2 stages for FP8 records",
                                        f"{self.head_dim}, {self.num_stages}")
-        if self.cluster_m != 1 and self.sparse != FP8_RECORDS:
-            raise InvalidArgumentError("SparseWsConfig.cluster_m", "1 for bf16 rows", self.cluster_m)
-
-    @property
-    def cluster(self) -> tuple[int, int, int] | None:
-        """Cluster dims of the launch (grid (parts, 1, head tiles)), None for none."""
-        return (1, 1, self.cluster_m) if self.cluster_m > 1 else None
-
-    def unclustered(self) -> "SparseWsConfig":
-        """The same kernel without clusters (where the GPU cannot keep every cluster resident)."""
-        return dataclasses.replace(self, cluster_m=1)
 
     @property
     def sparse_kv(self) -> int:
@@ -92,18 +77,18 @@ def _tiles(arch: Arch, head_dim: int, kv: str, h_q: int) -> tuple[int, int, int,
 
 
 @functools.lru_cache(maxsize=None)
-def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch, h_q: int = BLOCK_M,
-                  cluster: str = "auto") -> Sm80DecodeConfig | SparseWsConfig:
+def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch, h_q: int = BLOCK_M
+                  ) -> Sm80DecodeConfig | SparseWsConfig:
     """The kernel over `kv` tokens (FP8_RECORDS in pages of page_size, or BF16_ROWS of head_dim) for
     h_q query heads: the wgmma kernel on sm_90a, else the mma.sync kernel's tiles. The wgmma kernel
     also below 64 heads (a tile of 8 or 16 heads is mostly padding, as in FlashMLA): at 16 heads it
     took 0.74-0.84x the time of the mma.sync kernel's 16-row tiles (H200, bench/NOTES.md session 27).
-    cluster: the MLA_JIT_SM90_CLUSTER choice; FP8 records over an even number of 64-head tiles then
-    pair them (the crossover)."""
+    No clusters: session 26's pairs of head tiles (each CTA de-quantizing half of every tile for both)
+    lost once the records came by bulk copies (0.85x, session 27)."""
     if arch.name == "sm_90a":
         if kv == BF16_ROWS:
             return SparseWsConfig(head_dim, 3)
-        return SparseWsConfig(HEAD_DIM, 2, kv, page_size, cluster_m_for(-(-h_q // 64), cluster))
+        return SparseWsConfig(HEAD_DIM, 2, kv, page_size)
     page = page_size if kv == FP8_RECORDS else _ROWS_PAGE
     block_m, block_n, stages, warps = _tiles(arch, head_dim, kv, h_q)
     return Sm80DecodeConfig("bf16", head_dim, HEAD_DIM_V, page, block_m, block_n, stages, warps,

@@ -145,12 +145,10 @@ class MlaSparseDecodeFamily(MlaDecodeSm80Family):
 def _sparse_prewarm(arch: Arch, presets: list[Preset]) -> list:
     """The sparse kernels of the presets' models with DeepSeek sparse attention (an indexer: V3.2,
     GLM-5): the FP8 records at their cache's page size (decode, and prefill over the cache), and the
-    prefill's bf16 rows. FP8 records with their clustered kernel (the crossover) and the unclustered
-    one (a GPU that cannot keep every cluster resident falls back to it)."""
+    prefill's bf16 rows."""
     sparse = [p for p in presets if p.indexer_heads and p.head_dim in PREFILL_HEAD_DIMS]
-    clusters = dict.fromkeys((env.choice(CLUSTER_ENV.name), "1"))
-    configs = [sparse_config(FP8_RECORDS, 576, p.page_size, arch, p.num_heads_q, cluster) for p in sparse
-               if p.head_dim == 576 for cluster in clusters]
+    configs = [sparse_config(FP8_RECORDS, 576, p.page_size, arch, p.num_heads_q) for p in sparse
+               if p.head_dim == 576]
     configs += [sparse_config(BF16_ROWS, p.head_dim, 64, arch, p.num_heads_q) for p in sparse]
     return list(dict.fromkeys(configs))
 
@@ -172,8 +170,7 @@ class MlaSparseSm90Family(KernelFamily[SparseWsConfig]):
 
     def render_context(self, cfg: SparseWsConfig, arch: ArchPair) -> dict[str, Any]:
         return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "head_dim": cfg.head_dim,
-                "num_stages": cfg.num_stages, "sparse_kv": cfg.sparse_kv, "page_size": cfg.page_size,
-                "cluster_m": cfg.cluster_m}
+                "num_stages": cfg.num_stages, "sparse_kv": cfg.sparse_kv, "page_size": cfg.page_size}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[SparseWsConfig]:
         return [c for c in _sparse_prewarm(arch, presets) if family_of(c) == self.name]

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import torch
 
-from ..configs.decode import (CLUSTER_ENV, COMBINE_ROWS_PER_CTA, COMBINE_THREADS, Sm80DecodeConfig, accum_rows,
+from ..configs.decode import (COMBINE_ROWS_PER_CTA, COMBINE_THREADS, Sm80DecodeConfig, accum_rows,
                               metadata_config)
 from ..configs.sparse import (FP8_RECORDS, HEAD_DIM, HEAD_DIM_V, ctas_per_sm, family_of, num_sm_parts,
                               SparseWsConfig, sparse_config)
-from ..jit import env
 from ..jit.arch import ArchPair, resolve_for_device
 from ..jit.launch import PTR, Blob
 from ..jit.stream import current_stream
 from . import registry, workspace
 from .decode import DECODE_PARAMS, METADATA_PARAMS
-from .decode_plan import METADATA_SIZE, _LOG2E, _clusters_fit, _kernel_smem
+from .decode_plan import METADATA_SIZE, _LOG2E, _kernel_smem
 from .device import num_sms as _num_sms, smem_per_sm as _smem_per_sm
 
 # Memos (call signature -> plan), bounded like the dense decode's; `reset()` empties them.
@@ -43,19 +42,14 @@ def sm_parts_for(device_index: int, h_q: int, cfg: Sm80DecodeConfig | SparseWsCo
 
 
 def splitkv_launcher(kv: str, head_dim: int, page_size: int, h_q: int, parts: int, arch: ArchPair,
-                     device_index: int, paired: bool = True):
+                     device_index: int):
     """The split-KV launch over `kv` tokens for h_q heads on `parts` SM parts (grid (parts, 1, head
-    tiles)), and its config: clustered (the FP8 records' crossover) where `paired`, MLA_JIT_SM90_CLUSTER
-    lets it and the GPU keeps every cluster resident at once, else the unclustered kernel."""
-    cfg = sparse_config(kv, head_dim, page_size, arch.tuning, h_q, env.choice(CLUSTER_ENV.name) if paired else "1")
+    tiles)), and its config."""
+    cfg = sparse_config(kv, head_dim, page_size, arch.tuning, h_q)
     family = registry.get(family_of(cfg))
-    grid, block = (parts, 1, -(-h_q // cfg.block_m)), (cfg.num_threads, 1, 1)
-    smem = _kernel_smem(family, cfg, arch, device_index)
-    if cfg.cluster is not None and not _clusters_fit(family, cfg, arch, device_index, grid, block, smem):
-        cfg = cfg.unclustered()
-        smem = _kernel_smem(family, cfg, arch, device_index)
-    launch = family.launcher(cfg, arch, family.SPLITKV, device_index, (Blob(DECODE_PARAMS.size), PTR), grid, block,
-                             dynamic_smem=smem, cluster=cfg.cluster)
+    launch = family.launcher(cfg, arch, family.SPLITKV, device_index, (Blob(DECODE_PARAMS.size), PTR),
+                             (parts, 1, -(-h_q // cfg.block_m)), (cfg.num_threads, 1, 1),
+                             dynamic_smem=_kernel_smem(family, cfg, arch, device_index))
     return launch, cfg
 
 

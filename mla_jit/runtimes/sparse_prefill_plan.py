@@ -44,10 +44,7 @@ class SparsePrefillPlan:
         arch = resolve_for_device(self.device_index)
         page_size = kv.shape[1] if kv_format == FP8_RECORDS else 64
         self.parts = sm_parts_for(self.device_index, h_q, sparse_config(kv_format, d, page_size, arch.tuning, h_q))
-        # Unpaired: the crossover's pairs (1.07-1.08x on the 128-head decode) measured 0.98-0.99x on the
-        # 128-head prefill over FP8 records (H200, interleaved), whose long walks it does not shorten.
-        self.splitkv, _cfg = splitkv_launcher(kv_format, d, page_size, h_q, self.parts, arch, self.device_index,
-                                              paired=False)
+        self.splitkv, _cfg = splitkv_launcher(kv_format, d, page_size, h_q, self.parts, arch, self.device_index)
         meta_cfg = metadata_config()
         self.block_n, self.fixed_overhead_blocks = meta_cfg.block_n, meta_cfg.fixed_overhead_blocks
         meta_family = registry.get("mla_metadata")

@@ -148,31 +148,6 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t 
       : "memory");
 }
 
-// The shared::cluster address of `addr` (this CTA's shared memory) in cluster CTA `cta`. A CTA's
-// window is contiguous: offsets from a mapped base map like the local ones.
-__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t cta) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(cta));
-  return remote;
-}
-
-// 16-byte store into a peer CTA's shared memory (shared::cluster addresses from mapa_shared) that
-// completes 16 bytes of the transaction count of the peer's mbarrier `remote_bar` (same CTA as
-// the destination) once it has landed: the peer waits on that barrier, no fence needed here.
-__device__ __forceinline__ void st_async_v4(uint32_t remote_addr, const uint4& v, uint32_t remote_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
-                   remote_addr),
-               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar)
-               : "memory");
-}
-
-// st_async_v4 of one 32-bit word.
-__device__ __forceinline__ void st_async_b32(uint32_t remote_addr, uint32_t v, uint32_t remote_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote_addr), "r"(v),
-               "r"(remote_bar)
-               : "memory");
-}
-
 // Every thread of every CTA of the cluster (all threads must call it).
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");

@@ -115,12 +115,6 @@
 //   kv_ready[s], which also frees the slot for the next tile's copies. Per tile n: [named barrier 6:
 //   P V(n - 1) done] de-quantize tile n + 1 -> P V(n), and while its wgmma runs the gather of tile
 //   n + 2 and the index of n + 3.
-//   Crossover (FP8 records, CLUSTER_M 2: the cluster is two head tiles of the same tokens): each CTA
-//   gathers and de-quantizes half of every tile (8 threads a token) into its own stage and its
-//   peer's (st.async completing the peer's kv_ready, which expects kPeerBytes besides its 8 warp
-//   arrivals); the named barrier before the de-quantization becomes pv_done of the stage (16
-//   arrivals: the P V warps of both CTAs, ws_release_stage), and each CTA loads the indices of the
-//   peer's tokens too, to write the valid bits of the whole tile.
 //
 // Code: mla_splitkv_ws_body (barrier setup, role dispatch, the fused combine's step 2) runs
 // ws_softmax_warpgroup in WG0 (per piece ws_load_q; per tile ws_issue_s, ws_wait_s, ws_softmax,
@@ -433,25 +427,13 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   static constexpr bool kSparseFp8 = SPARSE_KV_ == 1;
   static_assert(SPARSE_KV_ >= 0 && SPARSE_KV_ <= 2, "SPARSE_KV: 0 (dense paged), 1 (FP8 records), 2 (bf16 rows)");
   static_assert(!kSparse || (cute::is_same_v<Element, cutlass::bfloat16_t> && !KV_FP8_ && !FUSED_COMBINE_ &&
-                             (CLUSTER_M_ == 1 || kSparseFp8) && (kSparseFp8 || PAGE_SIZE_ == 64)),
-                "sparse: bf16, the combine kernel, clusters for FP8 records only; bf16 rows have no pages "
-                "(PAGE_SIZE 64 stands in)");
+                             CLUSTER_M_ == 1 && (kSparseFp8 || PAGE_SIZE_ == 64)),
+                "sparse: bf16, the combine kernel, no clusters; bf16 rows have no pages (PAGE_SIZE 64 stands in)");
   static_assert(!kSparseFp8 || (HEAD_DIM_ == 576 && NUM_STAGES_ == 2), "FP8 records: d 576, 2 stages, a record slot");
-  // FP8 records in a cluster of 2 head tiles ("crossover", FlashMLA's name): both CTAs walk the same
-  // tiles, each gathers and de-quantizes half of every tile's tokens (cluster CTA c: tokens 32 c ..
-  // 32 c + 31) and writes them into its own stage and, by st.async, into its peer's.
-  static constexpr bool kCrossover = kSparseFp8 && CLUSTER_M_ == 2;
-  // Gathering threads a token (each a part of its record): 4, or 8 in the crossover (half the tokens).
-  static constexpr int kGatherParts = kCrossover ? 8 : 4;
-  // Crossover: the bytes a CTA receives from its peer per tile (kv_ready's tx count): the
-  // de-quantized half tile and the half's 32 valid bits.
-  static constexpr int kPeerBytes = BLOCK_N_ / 2 * HEAD_DIM_ * 2 + 4;
   // The P V warpgroups de-quantize each tile into its 16-bit stage and announce it on kv_ready.
   static constexpr bool kDequantInPv = kKvFp8 || kSparseFp8;
   // FlashMLA's V3.2 FP8 record of a token: 512 e4m3, 4 float32 scales (one per 128 values), 64 bf16.
   static constexpr int kRecordBytes = 656;
-  // FP8 records: arrivals on the record slot's `landed` barrier a tile, one per token the CTA gathers.
-  static constexpr int kRecordArrivals = kCrossover ? BLOCK_N_ / 2 : BLOCK_N_;
   // Sparse: slots of the per-token valid bits, by tile (tile m's in slot m % kFlagSlots). Records
   // are gathered two tiles ahead of their stage's reuse, so 4 slots; bf16 rows a slot per stage.
   static constexpr int kFlagSlots = kSparseFp8 ? 4 : NUM_STAGES_;
@@ -496,15 +478,12 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   };
   struct NoLandingSlots {};
   // FP8 records: one tile of records (41 KB), gathered a tile ahead of its de-quantization, a bulk
-  // copy a token completing on `landed` (kRecordArrivals arrivals and the records' bytes).
+  // copy a token completing on `landed` (BLOCK_N arrivals and the records' bytes).
   struct RecordSlot {
     alignas(1024) unsigned char records[BLOCK_N * kRecordBytes];
     // Zeros (written once), de-quantized in place of an invalid token's stale slot bytes.
     alignas(16) unsigned char null_record[kRecordBytes];
     alignas(8) uint64_t landed;
-    // Crossover: the CTA's 8 P V warps have read the slot's records (kv_ready, which frees it
-    // without the crossover, also waits for the peer's half).
-    uint64_t records_read;
   };
   struct SharedStorage
       : cute::conditional_t<kKvFp8, LandingSlots, cute::conditional_t<kSparseFp8, RecordSlot, NoLandingSlots>> {
@@ -1154,20 +1133,10 @@ __device__ __forceinline__ WsSparseTile ws_sparse_tile(const DecodeParams& p, in
 // phase of a 16-byte shared access are then 8 tokens at the same part, which the SW128 rows (and
 // the 656-byte record rows, 41 units apart) put in 8 distinct bank groups: with 4 threads a token
 // (t / 4), a phase was 2 tokens x 4 quarters, 4 threads on one bank group.
-// Crossover (8 parts, the CTA's 32 tokens): warps 2 k and 2 k + 1 take tokens 32 c + 8 k .. + 7
-// (c: the cluster rank, blockIdx.z % 2 for cluster dims (1, 1, 2)), parts 0-3 and 4-7.
 struct WsGatherSlot {
   int r, q;
 };
-// The CTA's rank in a cluster of (1, 1, 2), re-read where used (opaque): not a register kept
-// through the P V loop.
-__device__ __forceinline__ int ws_pair_rank() { return ws_opaque(int(blockIdx.z & 1)); }
-
-template <typename Cfg>
-__device__ __forceinline__ WsGatherSlot ws_gather_slot(int t) {
-  if constexpr (Cfg::kCrossover) return {ws_pair_rank() * 32 + ((t & 7) | ((t >> 6) << 3)), (t >> 3) & 7};
-  return {(t & 7) | ((t >> 5) << 3), (t >> 3) & 3};
-}
+__device__ __forceinline__ WsGatherSlot ws_gather_slot(int t) { return {(t & 7) | ((t >> 5) << 3), (t >> 3) & 3}; }
 
 // The index of gathering thread t's token (ws_gather_slot) in tile m (-1 past topk: not loaded), its
 // position in the row and the row's token limit (topk_length, else topk): loaded a tile ahead of the
@@ -1182,9 +1151,9 @@ __device__ __forceinline__ void ws_load_index(const DecodeParams& p, int origin,
                                               WsGatherIndex& gi) {
   if (m >= num_tiles) return;
   // FP8 records: a token's part-0 thread alone copies the record (its other threads keep idx -1).
-  if (Cfg::kSparseFp8 && ws_gather_slot<Cfg>(t).q != 0) return;
+  if (Cfg::kSparseFp8 && ws_gather_slot(t).q != 0) return;
   const WsSparseTile tile = ws_sparse_tile(p, origin, m);
-  gi.tok = tile.tok + ws_gather_slot<Cfg>(t).r;
+  gi.tok = tile.tok + ws_gather_slot(t).r;
   gi.idx = gi.tok < p.topk ? __ldg(p.block_table + (long long)tile.bi * p.block_table_stride + gi.tok) : -1;
   gi.lim = p.topk_length != nullptr ? __ldg(p.topk_length + tile.bi / p.lse_fold) : p.topk;
 }
@@ -1198,22 +1167,15 @@ __device__ __forceinline__ void ws_load_index(const DecodeParams& p, int origin,
 // each arriving on `landed` with the record's bytes. Before, 256 threads issued 11 16-byte cp.async
 // each a tile, whose scattered addresses shared the LSU with the de-quantization's shared accesses
 // and the wgmma issue. The slot held tile m - 1: every P V warp arrived on its kv_ready after
-// de-quantizing it (reading the slot), which the issuing threads wait for (crossover: on
-// records_read, which does not wait for the peer's half). An invalid token copies nothing (its
-// valid bit is 0: its de-quantization writes zeros).
+// de-quantizing it (reading the slot), which the issuing threads wait for. An invalid token copies
+// nothing (its valid bit is 0: its de-quantization writes zeros).
 template <typename Cfg>
 __device__ __forceinline__ void ws_gather_records(const DecodeParams& p, const void* cache,
                                                   typename Cfg::SharedStorage& ss, int m, int t, bool ok, int idx) {
   constexpr int R = Cfg::kRecordBytes, NS = Cfg::NUM_STAGES;
-  const WsGatherSlot slot = ws_gather_slot<Cfg>(t);
+  const WsGatherSlot slot = ws_gather_slot(t);
   if (slot.q != 0) return;
-  if (m > 0) {
-    if constexpr (Cfg::kCrossover) {
-      mbarrier_wait(&ss.records_read, (m - 1) & 1);
-    } else {
-      mbarrier_wait(&ss.kv_ready[(m - 1) % NS], ((m - 1) / NS) & 1);
-    }
-  }
+  if (m > 0) mbarrier_wait(&ss.kv_ready[(m - 1) % NS], ((m - 1) / NS) & 1);
   if (ok) {
     const char* src = reinterpret_cast<const char*>(cache) + (long long)(idx / Cfg::PAGE_SIZE) * p.kv_block_stride +
                       (idx % Cfg::PAGE_SIZE) * R;
@@ -1230,7 +1192,7 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
                                                const WsGatherIndex& gi) {
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
   const int s = m % NS;
-  const auto [r, q] = ws_gather_slot<Cfg>(t);
+  const auto [r, q] = ws_gather_slot(t);
   const bool ok = gi.idx >= 0 && gi.idx < p.kv_tokens && gi.tok < gi.lim;
   if constexpr (Cfg::kSparseFp8) {
     ws_gather_records<Cfg>(p, kv_rows, ss, m, t, ok, gi.idx);
@@ -1244,13 +1206,10 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
     }
     cp_async_mbarrier_arrive_noinc(&ss.full[s]);
   }
-  // Lanes 0-7 hold tokens r - r % 8 .. + 7 (part 0; the other parts agree): byte r / 8 of the bits
-  // (t / 32 without the crossover). Crossover: one warp of each pair (both hold the same tokens); the
-  // peer's half of the bits comes with its de-quantized half (ws_dequant_records).
+  // Lanes 0-7 hold tokens r - r % 8 .. + 7 (part 0; the other parts agree): byte t / 32 of the bits.
   const unsigned bits = __ballot_sync(0xffffffffu, ok) & 0xffu;
-  if (Cfg::kCrossover ? t % 64 == 0 : t % 32 == 0) {
-    reinterpret_cast<unsigned char*>(ss.tile_valid + 2 * (m % Cfg::kFlagSlots))[Cfg::kCrossover ? r >> 3 : t / 32] =
-        (unsigned char)bits;
+  if (t % 32 == 0) {
+    reinterpret_cast<unsigned char*>(ss.tile_valid + 2 * (m % Cfg::kFlagSlots))[t / 32] = (unsigned char)bits;
     // (FP8 records: published with the de-quantized stage, on kv_ready)
     if constexpr (!Cfg::kSparseFp8) mbarrier_arrive(&ss.full[s]);
   }
@@ -1259,79 +1218,35 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
 // FP8 records: thread t's part of tile m (ws_gather_slot) into stage m % NS as bf16, once the
 // tile's records have landed, each value times its 128-value scale in float32 and rounded once (as
 // the float32 reference does), in the TMA's SW128 layout; the rope copied; an invalid token's part
-// zeros (the null record's, in place of its stale slot bytes). Then published to WG0 on kv_ready (the valid bits of the tile
-// were written before, by lane 0 of the thread's warp or, in the crossover, of its pair's first
-// warp: the pv_done or named barrier this thread passed since orders that write).
-// Crossover: every 16 bytes also go to the peer's stage (st.async, completing the peer's kv_ready
-// tx count); the stage's 8 arrivals here are the local warps', one of them expecting the peer's
-// kPeerBytes. The peer's stage is free: its P V warps arrived on pv_done (ws_pv_warpgroup waits).
+// zeros (the null record's, in place of its stale slot bytes). Then published to WG0 on kv_ready
+// (the tile's valid bits were written by lane 0 of the thread's warp at the gather).
 template <typename Cfg>
 __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& ss, int m, int t) {
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES, R = Cfg::kRecordBytes;
-  constexpr int kE4m3 = 512 / Cfg::kGatherParts, kRope = 128 / Cfg::kGatherParts;
   const int s = m % NS;
-  const WsGatherSlot slot = ws_gather_slot<Cfg>(t);
+  const WsGatherSlot slot = ws_gather_slot(t);
   const int r = slot.r, q = slot.q;
   const bool valid = (ld_shared_u8(smem_addr(ss.tile_valid + 2 * (m % Cfg::kFlagSlots)) + (r >> 3)) >> (r & 7)) & 1u;
   mbarrier_wait(&ss.landed, m & 1);
   const uint32_t src = valid ? smem_addr(ss.records) + r * R : smem_addr(ss.null_record);
   const uint32_t dst = smem_addr(ss.kv[s]);
-  uint32_t peer_dst = 0, peer_bar = 0;
-  if constexpr (Cfg::kCrossover) {
-    const uint32_t peer = ws_pair_rank() ^ 1;
-    peer_dst = mapa_shared(dst, peer);
-    peer_bar = mapa_shared(smem_addr(&ss.kv_ready[s]), peer);
-  }
-  auto put = [&](int c, const uint4& v) {  // columns 8 c .. 8 c + 7 of token r
-    const uint32_t off = sw128_offset<BN>(r, 8 * c);
-    st_shared_v4(dst + off, v);
-    if constexpr (Cfg::kCrossover) st_async_v4(peer_dst + off, v, peer_bar);
-  };
-  const float scale = ld_shared_f32(src + 512 + 4 * (q / (128 / kE4m3)));  // one per 128 values
+  const float scale = ld_shared_f32(src + 512 + 4 * q);  // one per 128 values
   auto cvt = [&](uint32_t w) {  // the two e4m3 of w's low 16 bits, scaled, as bf16x2
     const float2 f = e4m3x2_to_float2(w);
     return ElemTraits<cutlass::bfloat16_t>::pack2(f.x * scale, f.y * scale);
   };
-  if constexpr (Cfg::kCrossover) {
 #pragma unroll 1
-    for (int k = 0; k < kE4m3 / 16; ++k) {
-      const uint4 x = ld_shared_v4(src + q * kE4m3 + k * 16);
-      const int c = (kE4m3 / 8) * q + 2 * k;  // columns 8 c .. 8 c + 15 (no signed division: it costs a fix-up)
-      put(c, make_uint4(cvt(x.x), cvt(x.x >> 16), cvt(x.y), cvt(x.y >> 16)));
-      put(c + 1, make_uint4(cvt(x.z), cvt(x.z >> 16), cvt(x.w), cvt(x.w >> 16)));
-    }
-  } else {
-    // (The same, written as before the crossover: its schedule measured 1-3% faster on the H200.)
-#pragma unroll 1
-    for (int k = 0; k < 8; ++k) {
-      const uint4 x = ld_shared_v4(src + q * 128 + k * 16);
-      const int c = 16 * q + 2 * k;
-      st_shared_v4(dst + sw128_offset<BN>(r, 8 * c), make_uint4(cvt(x.x), cvt(x.x >> 16), cvt(x.y), cvt(x.y >> 16)));
-      st_shared_v4(dst + sw128_offset<BN>(r, 8 * c + 8),
-                   make_uint4(cvt(x.z), cvt(x.z >> 16), cvt(x.w), cvt(x.w >> 16)));
-    }
+  for (int k = 0; k < 8; ++k) {
+    const uint4 x = ld_shared_v4(src + q * 128 + k * 16);
+    const int c = 16 * q + 2 * k;
+    st_shared_v4(dst + sw128_offset<BN>(r, 8 * c), make_uint4(cvt(x.x), cvt(x.x >> 16), cvt(x.y), cvt(x.y >> 16)));
+    st_shared_v4(dst + sw128_offset<BN>(r, 8 * c + 8), make_uint4(cvt(x.z), cvt(x.z >> 16), cvt(x.w), cvt(x.w >> 16)));
   }
 #pragma unroll
-  for (int k = 0; k < kRope / 16; ++k) put(64 + (kRope / 16) * q + k, ld_shared_v4(src + 528 + kRope * q + 16 * k));
-  if constexpr (Cfg::kCrossover) {
-    __syncwarp();
-    if (t % 32 == 0) mbarrier_arrive(&ss.records_read);
-    // This CTA's half of the tile's valid bits (word `rank` of its slot, written at the gather by
-    // warps that have since arrived on pv_done, which this thread waited) to the peer.
-    if (t == 0) {
-      const uint32_t word = smem_addr(ss.tile_valid + 2 * (m % Cfg::kFlagSlots) + ws_pair_rank());
-      st_async_b32(mapa_shared(word, ws_pair_rank() ^ 1), ld_shared_u32(word), peer_bar);
-    }
-  }
+  for (int k = 0; k < 2; ++k) st_shared_v4(dst + sw128_offset<BN>(r, 8 * (64 + 2 * q + k)), ld_shared_v4(src + 528 + 32 * q + 16 * k));
   fence_proxy_async_shared();  // read by wgmma (async proxy)
   __syncwarp();
-  if (t % 32 == 0) {
-    if (Cfg::kCrossover && t == 0) {
-      mbarrier_arrive_expect_tx(&ss.kv_ready[s], Cfg::kPeerBytes);
-    } else {
-      mbarrier_arrive(&ss.kv_ready[s]);
-    }
-  }
+  if (t % 32 == 0) mbarrier_arrive(&ss.kv_ready[s]);
 }
 
 // Tiles of this CTA (WG0 owns the walk; the P V warpgroups only need the count).
@@ -1426,8 +1341,7 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
   }
   // KV_FP8: the TMA refills the landing slot, which ws_dequant_tile releases. Sparse: the P V
   // warpgroups refill the stage themselves after a named barrier.
-  // Crossover: released to both CTAs of the cluster, whose de-quantization writes it.
-  if constexpr ((!Cfg::kKvFp8 && !Cfg::kSparse) || Cfg::kCrossover) ws_release_stage<Cfg>(ss, stage, lane);
+  if constexpr (!Cfg::kKvFp8 && !Cfg::kSparse) ws_release_stage<Cfg>(ss, stage, lane);
   return info;
 }
 
@@ -1580,22 +1494,10 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
         if (is_producer && ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
       }
     } else if constexpr (Cfg::kSparseFp8) {
-      // Tile n + 1 into the stage of tile n - 1 once both P V warpgroups are past P V(n - 1), and
-      // tile n + 2's records into the slot (each thread's own quarter: read back just before).
-      // Crossover: the peer's P V warpgroups too, since the de-quantization writes its stage as well
-      // (pv_done: 8 warps of each CTA).
+      // Tile n + 1 into the stage of tile n - 1 once both P V warpgroups are past P V(n - 1) (its
+      // records landed in the slot; tile n + 2's go there during P V(n)).
       if (n + 1 < num_tiles) {
-        if (n > 0) {
-          if constexpr (Cfg::kCrossover) {
-            mbarrier_wait(&ss.pv_done[(n + 1) % NS], ((n - 1) / NS) & 1);
-          } else {
-            named_barrier_sync(kBarDequant, 256);
-          }
-        } else if constexpr (Cfg::kCrossover) {
-          // Stage 1 is free, but tile 1's valid bytes (gathered by the other warps in the prologue)
-          // must be written before thread 0 sends them to the peer.
-          named_barrier_sync(kBarDequant, 256);
-        }
+        if (n > 0) named_barrier_sync(kBarDequant, 256);
         if (tid == 128) WsPhaseTrace::mark(n, 4);
         const int t = ws_opaque(tid) - 128;
         ws_dequant_records<Cfg>(ss, n + 1, t);
@@ -1668,10 +1570,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       mbarrier_init(&ss.pv_done[s], 8 * Cfg::CLUSTER_M);
       if constexpr (Cfg::kDequantInPv) mbarrier_init(&ss.kv_ready[s], 8);
     }
-    if constexpr (Cfg::kSparseFp8) {
-      mbarrier_init(&ss.landed, Cfg::kRecordArrivals);
-      mbarrier_init(&ss.records_read, 8);
-    }
+    if constexpr (Cfg::kSparseFp8) mbarrier_init(&ss.landed, Cfg::BLOCK_N);
     ss.num_pending = 0;
     fence_barrier_init();
   }
