@@ -77,8 +77,8 @@ def _tiles(arch: Arch, head_dim: int, kv: str, h_q: int) -> tuple[int, int, int,
 
 
 @functools.lru_cache(maxsize=None)
-def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch, h_q: int = BLOCK_M
-                  ) -> Sm80DecodeConfig | SparseWsConfig:
+def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch,
+                  h_q: int = BLOCK_M) -> Sm80DecodeConfig | SparseWsConfig:
     """The kernel over `kv` tokens (FP8_RECORDS in pages of page_size, or BF16_ROWS of head_dim) for
     h_q query heads: the wgmma kernel on sm_90a, else the mma.sync kernel's tiles. The wgmma kernel
     also below 64 heads (a tile of 8 or 16 heads is mostly padding, as in FlashMLA): at 16 heads it

@@ -106,7 +106,7 @@
 // past topk_length) zero-filled and never read, and write a valid bit per token (tile_valid) that
 // WG0 uses to mask S. m_run is the exact running max (no lazy rescaling: it is max_logits), and the
 // attention sink is folded into the last tile's 1/l when a row has a single split. The combine
-// kernel merges splits (no fused combine; clusters only for FP8 records, the crossover below).
+// kernel merges splits (no fused combine, no clusters).
 //   bf16 rows (2): gathered straight into stage n % NS once both P V warpgroups are past P V(n - NS)
 //   (named barrier 6), arriving on full[s] (256 cp.async arrivals + 8 warps' valid bytes).
 //   FP8 records (1): 2 bf16 stages and one 41 KB record slot, filled by bulk copies (one a token,
@@ -428,7 +428,7 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   static_assert(SPARSE_KV_ >= 0 && SPARSE_KV_ <= 2, "SPARSE_KV: 0 (dense paged), 1 (FP8 records), 2 (bf16 rows)");
   static_assert(!kSparse || (cute::is_same_v<Element, cutlass::bfloat16_t> && !KV_FP8_ && !FUSED_COMBINE_ &&
                              CLUSTER_M_ == 1 && (kSparseFp8 || PAGE_SIZE_ == 64)),
-                "sparse: bf16, the combine kernel, no clusters; bf16 rows have no pages (PAGE_SIZE 64 stands in)");
+                "sparse: bf16, the combine kernel, no cluster; bf16 rows have no pages (PAGE_SIZE 64 stands in)");
   static_assert(!kSparseFp8 || (HEAD_DIM_ == 576 && NUM_STAGES_ == 2), "FP8 records: d 576, 2 stages, a record slot");
   // The P V warpgroups de-quantize each tile into its 16-bit stage and announce it on kv_ready.
   static constexpr bool kDequantInPv = kKvFp8 || kSparseFp8;
@@ -1128,11 +1128,11 @@ __device__ __forceinline__ WsSparseTile ws_sparse_tile(const DecodeParams& p, in
   return {q, (t - q * tiles_per_row) * 64};
 }
 
-// Gathering thread t's token r of a tile and its part q (of the token's chunks or record): warp w
+// Gathering thread t's token r of a tile and its quarter q (of the token's chunks or record): warp w
 // takes tokens 8 w .. 8 w + 7, lane l token 8 w + l % 8 and quarter l / 8. The 8 threads of each
-// phase of a 16-byte shared access are then 8 tokens at the same part, which the SW128 rows (and
-// the 656-byte record rows, 41 units apart) put in 8 distinct bank groups: with 4 threads a token
-// (t / 4), a phase was 2 tokens x 4 quarters, 4 threads on one bank group.
+// phase of a 16-byte shared access are then 8 tokens at the same quarter, which the SW128 rows
+// (and the 656-byte record rows, 41 units apart) put in 8 distinct bank groups: with 4 threads a
+// token (t / 4), a phase was 2 tokens x 4 quarters, 4 threads on one bank group.
 struct WsGatherSlot {
   int r, q;
 };
@@ -1150,7 +1150,7 @@ template <typename Cfg>
 __device__ __forceinline__ void ws_load_index(const DecodeParams& p, int origin, int m, int num_tiles, int t,
                                               WsGatherIndex& gi) {
   if (m >= num_tiles) return;
-  // FP8 records: a token's part-0 thread alone copies the record (its other threads keep idx -1).
+  // FP8 records: a token's quarter-0 thread alone copies the record (its other threads keep idx -1).
   if (Cfg::kSparseFp8 && ws_gather_slot(t).q != 0) return;
   const WsSparseTile tile = ws_sparse_tile(p, origin, m);
   gi.tok = tile.tok + ws_gather_slot(t).r;
@@ -1158,15 +1158,14 @@ __device__ __forceinline__ void ws_load_index(const DecodeParams& p, int origin,
   gi.lim = p.topk_length != nullptr ? __ldg(p.topk_length + tile.bi / p.lse_fold) : p.topk;
 }
 
-// Tile m's tokens into stage m % NS by the 256 gathering threads (ws_gather_slot;
+// Tile m's tokens into stage m % NS by the 256 gathering threads (4 a token, ws_gather_slot;
 // kGatherChunks 16-byte chunks each, in the TMA's SW128 layout, sw128_offset). An invalid token
 // (index -1 or past the rows, or past topk_length) is zero-filled, never read, and its valid bit is 0. Each thread's cp.asyncs arrive on full[s] when they land; lane 0
 // of each warp writes its 8 tokens' valid bits and arrives after them (full: 256 + 8 arrivals).
 // FP8 records: tile m's records go into the record slot by bulk copies (the TMA engine), one a
-// token, issued by the token's part-0 thread (the 4 or 8 threads of a token then de-quantize it),
-// each arriving on `landed` with the record's bytes. Before, 256 threads issued 11 16-byte cp.async
-// each a tile, whose scattered addresses shared the LSU with the de-quantization's shared accesses
-// and the wgmma issue. The slot held tile m - 1: every P V warp arrived on its kv_ready after
+// token, issued by the token's quarter-0 thread, each arriving on `landed` with the record's bytes
+// (11 16-byte cp.async per thread, whose scattered addresses shared the LSU with the
+// de-quantization and the wgmma issue, took 1.15-1.19x the time). The slot held tile m - 1: every P V warp arrived on its kv_ready after
 // de-quantizing it (reading the slot), which the issuing threads wait for. An invalid token copies
 // nothing (its valid bit is 0: its de-quantization writes zeros).
 template <typename Cfg>
@@ -1206,7 +1205,7 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
     }
     cp_async_mbarrier_arrive_noinc(&ss.full[s]);
   }
-  // Lanes 0-7 hold tokens r - r % 8 .. + 7 (part 0; the other parts agree): byte t / 32 of the bits.
+  // Lanes 0-7 hold tokens 8 w .. 8 w + 7 (quarter 0; the other quarters agree).
   const unsigned bits = __ballot_sync(0xffffffffu, ok) & 0xffu;
   if (t % 32 == 0) {
     reinterpret_cast<unsigned char*>(ss.tile_valid + 2 * (m % Cfg::kFlagSlots))[t / 32] = (unsigned char)bits;
@@ -1215,9 +1214,9 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
   }
 }
 
-// FP8 records: thread t's part of tile m (ws_gather_slot) into stage m % NS as bf16, once the
+// FP8 records: thread t's quarter of tile m (ws_gather_slot) into stage m % NS as bf16, once the
 // tile's records have landed, each value times its 128-value scale in float32 and rounded once (as
-// the float32 reference does), in the TMA's SW128 layout; the rope copied; an invalid token's part
+// the float32 reference does), in the TMA's SW128 layout; the rope copied; an invalid token's quarter
 // zeros (the null record's, in place of its stale slot bytes). Then published to WG0 on kv_ready
 // (the tile's valid bits were written by lane 0 of the thread's warp at the gather).
 template <typename Cfg>
@@ -1230,6 +1229,7 @@ __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& 
   mbarrier_wait(&ss.landed, m & 1);
   const uint32_t src = valid ? smem_addr(ss.records) + r * R : smem_addr(ss.null_record);
   const uint32_t dst = smem_addr(ss.kv[s]);
+  auto chunk_addr = [&](int c) { return dst + sw128_offset<BN>(r, 8 * c); };  // columns 8 c .. 8 c + 7
   const float scale = ld_shared_f32(src + 512 + 4 * q);  // one per 128 values
   auto cvt = [&](uint32_t w) {  // the two e4m3 of w's low 16 bits, scaled, as bf16x2
     const float2 f = e4m3x2_to_float2(w);
@@ -1238,12 +1238,12 @@ __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& 
 #pragma unroll 1
   for (int k = 0; k < 8; ++k) {
     const uint4 x = ld_shared_v4(src + q * 128 + k * 16);
-    const int c = 16 * q + 2 * k;
-    st_shared_v4(dst + sw128_offset<BN>(r, 8 * c), make_uint4(cvt(x.x), cvt(x.x >> 16), cvt(x.y), cvt(x.y >> 16)));
-    st_shared_v4(dst + sw128_offset<BN>(r, 8 * c + 8), make_uint4(cvt(x.z), cvt(x.z >> 16), cvt(x.w), cvt(x.w >> 16)));
+    const int c = 16 * q + 2 * k;  // columns 8 c .. 8 c + 15
+    st_shared_v4(chunk_addr(c), make_uint4(cvt(x.x), cvt(x.x >> 16), cvt(x.y), cvt(x.y >> 16)));
+    st_shared_v4(chunk_addr(c + 1), make_uint4(cvt(x.z), cvt(x.z >> 16), cvt(x.w), cvt(x.w >> 16)));
   }
 #pragma unroll
-  for (int k = 0; k < 2; ++k) st_shared_v4(dst + sw128_offset<BN>(r, 8 * (64 + 2 * q + k)), ld_shared_v4(src + 528 + 32 * q + 16 * k));
+  for (int k = 0; k < 2; ++k) st_shared_v4(chunk_addr(64 + 2 * q + k), ld_shared_v4(src + 528 + 32 * q + 16 * k));
   fence_proxy_async_shared();  // read by wgmma (async proxy)
   __syncwarp();
   if (t % 32 == 0) mbarrier_arrive(&ss.kv_ready[s]);
@@ -1430,7 +1430,9 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
   // FP8 records: tile 0 de-quantized and tile 1 gathered before the loop (which de-quantizes tile
   // n + 1 before its P V(n) and gathers n + 2 beside it).
   if constexpr (Cfg::kSparseFp8) {
-    if (tid - 128 < Cfg::kRecordBytes / 16) st_shared_v4(smem_addr(ss.null_record) + 16 * (tid - 128), make_uint4(0, 0, 0, 0));
+    if (tid - 128 < Cfg::kRecordBytes / 16) {
+      st_shared_v4(smem_addr(ss.null_record) + 16 * (tid - 128), make_uint4(0u, 0u, 0u, 0u));
+    }
   }
   if constexpr (Cfg::kSparse) {
     ws_load_index<Cfg>(p, origin, 0, num_tiles, tid - 128, gi);
