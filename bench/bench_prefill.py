@@ -9,8 +9,9 @@ the peers run it sequence by sequence, as a caller without varlen would) and a c
 timed on its own in the same interleave; the peers return no lse).
 
 Usage: python3 bench/bench_prefill.py [--arch sm_80] [--rows N] [--json PATH] [--against-config SPEC]
-(--against-config 'prefill_sm80:...' also times that kernel config, through its own plan, in the
-same interleave: a tile-shape A/B; --against-package mla_jit_prev a previous commit's package.)
+(--against-config 'prefill_sm80:...', repeatable, also times that kernel config through its own plan
+in the same interleave: a tile-shape A/B; --against-package mla_jit_prev a previous commit's package,
+in the same interleave too.)
 """
 from __future__ import annotations
 
@@ -146,7 +147,8 @@ def main() -> None:
     ap.add_argument("--arch", help="MLA_JIT_ARCH for mla_jit (e.g. sm_80: the Ampere/Ada family on this GPU)")
     ap.add_argument("--rows", type=int, default=0, help="only the first N rows")
     ap.add_argument("--json")
-    ap.add_argument("--against-config", help="also time this kernel config (FAMILY:field=value,...)")
+    ap.add_argument("--against-config", action="append",
+                    help="also time this kernel config (FAMILY:field=value,...); may be given more than once")
     ap.add_argument("--against-package", help="also time another copy of the package importable under this "
                     "name (scripts/prepare_prev.sh: mla_jit_prev), same inputs")
     args = ap.parse_args()
@@ -173,10 +175,13 @@ def main() -> None:
         variants = [(lambda: None, ours)] + [(lambda: None, fn) for fn in peers.values()]
         if merge is not None:
             variants.append((lambda: None, merge))
-        if args.against_config:
-            variants.append((lambda: None, _forced_plan_call(args.against_config, lq, lk, h, causal, (q, k, v))))
-        elif args.against_package:
-            variants.append((lambda: None, _package_call(args.against_package, lq, lk, causal, with_lse, (q, k, v))))
+        against = []   # (label, call): other configs and another package, in the same interleave
+        for spec in args.against_config or ():
+            against.append((spec.split(":", 1)[1], _forced_plan_call(spec, lq, lk, h, causal, (q, k, v))))
+        if args.against_package:
+            against.append((args.against_package,
+                            _package_call(args.against_package, lq, lk, causal, with_lse, (q, k, v))))
+        variants += [(lambda: None, call) for _, call in against]
         times = time_interleaved(variants, flush)
         flops = _flops(lq, lk, h, causal)
         tf = [flops / (t * 1e-6) / 1e12 for t in times[:3]]
@@ -185,9 +190,10 @@ def main() -> None:
         if merge is not None:
             row["merge_us"] = times[3]
             note = f"  (+ merge_attn_states {times[3]:.1f} us)"
-        if args.against_config or args.against_package:
-            row["against_us"] = times[-1]
-            note += f"  (against: {times[-1]:.1f} us, its us / ours {times[-1] / times[0]:.3f})"
+        if against:
+            row["against_us"] = {label: t for (label, _), t in zip(against, times[-len(against):])}
+            for (label, _), t in zip(against, times[-len(against):]):
+                note += f"  ({label}: {t:.1f} us, its us / ours {t / times[0]:.3f})"
         results.append(row)
         print(f"{name:44s} {times[0]:9.1f} {tf[0]:7.1f} {tf[1]:7.1f} {tf[2]:8.1f} {tf[0] / tf[1]:8.3f} "
               f"{tf[0] / tf[2]:10.3f}{note}", flush=True)

@@ -89,8 +89,9 @@ def test_sm80_configs_fit_their_arch(arch):
         cfg = sm80_prefill_config("bf16", d, dv, True, tuning)
         assert cfg.smem_bytes <= SM80_SMEM_LIMITS[arch]
     big = sm80_prefill_config("bf16", 192, 128, True, tuning)
-    # 163 KB: Q in its own area, two stages; 99 KB: Q loaded through the two stages.
-    assert (big.num_stages, big.q_aliases_kv) == ((2, False) if arch == "sm_80" else (2, True))
+    # 163 KB: two stages of 128 keys, Q loaded through them; 99 KB: two stages of 64 keys, Q too.
+    assert (big.block_n, big.num_stages, big.q_aliases_kv) == ((128, 2, True) if arch == "sm_80" else (64, 2, True))
+    assert sm80_prefill_config("bf16", 64, 64, True, tuning).block_n == 128   # 128-key stages fit everywhere
     with pytest.raises(mla_jit.InvalidArgumentError, match="q_aliases_kv"):
         Sm80PrefillConfig("bf16", 192, 128, True, 2, "yes")
 

@@ -71,7 +71,7 @@ class Sm80PrefillConfig:
     def __post_init__(self):
         check_fields(self, dtype=PREFILL_DTYPES, head_dim=tuple(sorted({d for d, _ in SUPPORTED_HEAD_DIMS})),
                      head_dim_v=tuple(sorted({dv for _, dv in SUPPORTED_HEAD_DIMS})), causal=(False, True),
-                     num_stages=(2, 3), q_aliases_kv=(False, True), block_m=(128,), block_n=(64,))
+                     num_stages=(2, 3), q_aliases_kv=(False, True), block_m=(128,), block_n=(64, 128))
         if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
             from ..errors import InvalidArgumentError
             raise InvalidArgumentError("Sm80PrefillConfig.head_dim/head_dim_v",
@@ -88,12 +88,14 @@ class Sm80PrefillConfig:
 
 @functools.lru_cache(maxsize=None)
 def sm80_prefill_config(dtype: str, head_dim: int, head_dim_v: int, causal: bool, arch: Arch) -> Sm80PrefillConfig:
-    """The deepest pipeline that fits the arch's shared memory, preferring Q in its own area (its
-    load then overlaps the first K/V tiles') at equal depth. (Two 64-row CTAs an SM lost to one of
-    128 rows on the H200: bench/NOTES.md.)"""
+    """Tiles of 128 keys where two stages of them fit the arch's shared memory (sm_80's 163 KB, with
+    Q loaded through them at 192/128), else of 64; then the deepest pipeline that fits, preferring Q
+    in its own area (its load then overlaps the first K/V tiles') at equal depth. (Two 64-row CTAs an
+    SM lost to one of 128 rows on the H200, and 128-key tiles won over 64-key ones: bench/NOTES.md.)"""
     limit = SM80_SMEM_LIMITS[arch.name]
-    for stages, alias in ((3, False), (2, False), (3, True), (2, True)):
-        cfg = Sm80PrefillConfig(dtype, head_dim, head_dim_v, causal, stages, alias)
-        if cfg.smem_bytes <= limit:
-            return cfg
+    for block_n in (128, 64):
+        for stages, alias in ((3, False), (2, False), (3, True), (2, True)):
+            cfg = Sm80PrefillConfig(dtype, head_dim, head_dim_v, causal, stages, alias, block_n=block_n)
+            if cfg.smem_bytes <= limit:
+                return cfg
     raise AssertionError(f"no prefill tile fits {arch.name}")   # (2 aliased stages fit every head dim)

@@ -8,8 +8,11 @@
 //
 // Shared memory: Q (BLOCK_M x D_QK), then NUM_STAGES stages of K (BLOCK_N x D_QK) and V (BLOCK_N
 // x D_V), row-major with the XOR swizzle of common/sm80.cuh (conflict-free cp.async writes and
-// ldmatrix reads). Q_ALIASES_KV (sm_86 / sm_89, 99 KB a block): Q is loaded into the stage area,
-// moved to registers, and only then are the stages filled.
+// ldmatrix reads). Q_ALIASES_KV (two 128-key stages in sm_80's 163 KB; sm_86 / sm_89's 99 KB): Q is
+// loaded into the stage area, moved to registers, and only then are the stages filled. BLOCK_N is
+// 128 where two stages fit: S then runs 16 independent MMA chains a warp (8 at 64 keys, too few to
+// hide mma.sync's latency with one warp of a sub-partition at the MMAs), and the barriers and
+// softmax reductions come once per 128 keys.
 //
 // Pipeline per KV tile i (walked from the last tile, the only ones needing a mask, to the first):
 //   wait for tile i's copies (cp.async group) -> __syncthreads (every warp is done with tile i - 1,
@@ -48,9 +51,6 @@ struct PrefillSm80Config {
   static_assert(BLOCK_M % 16 == 0 && BLOCK_M <= 256, "16 query rows a warp");
   static_assert(BLOCK_N % 16 == 0 && D_QK % 64 == 0 && D_V % 64 == 0, "tile shapes");
   static_assert(NUM_STAGES >= 2, "double buffering at least");
-  static_assert((BLOCK_N * kQkChunks) % NUM_THREADS == 0 && (BLOCK_N * kVChunks) % NUM_THREADS == 0 &&
-                    (BLOCK_M * kQkChunks) % NUM_THREADS == 0,
-                "whole 16-byte copies per thread");
   static_assert(cute::is_same_v<Element, cutlass::bfloat16_t> || cute::is_same_v<Element, cutlass::half_t>,
                 "bf16 or fp16");
 };
@@ -58,17 +58,26 @@ struct PrefillSm80Config {
 namespace detail {
 
 // kRows rows of kChunks 16-byte chunks from `src` (row stride `stride` elements) into a swizzled
-// shared tile; rows >= valid_rows are written as zeros and not read.
+// shared tile; rows >= valid_rows are written as zeros and not read. Thread t copies chunks
+// c0 + 8 b (c0 = t % 8) of rows r0 + kRowsPerPass a (r0 = t / 8): the swizzle puts a row's chunk c
+// at c ^ (row % 8), and (c0 + 8 b) ^ (r0 % 8) = (c0 ^ (r0 % 8)) + 8 b, so every copy is one base
+// address plus compile-time offsets (no per-copy addresses held in registers across the loop).
 template <typename Cfg, int kRows, int kChunks>
 __device__ __forceinline__ void copy_rows(uint32_t dst, const typename Cfg::Element* src, long long stride,
                                           int valid_rows, int tid) {
+  constexpr int kRowsPerPass = Cfg::NUM_THREADS / 8;
+  static_assert(kChunks % 8 == 0 && kRowsPerPass % 8 == 0 && kRows % kRowsPerPass == 0, "copy shape");
+  const int r0 = tid / 8, c0 = tid % 8;
+  const uint32_t dst0 = dst + sm80::swz<kChunks>(r0, c0);
+  const typename Cfg::Element* src0 = src + r0 * stride + c0 * 8;
 #pragma unroll
-  for (int it = 0; it < kRows * kChunks / Cfg::NUM_THREADS; ++it) {
-    const int idx = it * Cfg::NUM_THREADS + tid;
-    const int r = idx / kChunks, c = idx % kChunks;
-    const bool valid = r < valid_rows;
-    const typename Cfg::Element* from = valid ? src + r * stride + c * 8 : src;
-    sm80::cp_async_16(dst + sm80::swz<kChunks>(r, c), from, valid ? 16 : 0);
+  for (int a = 0; a < kRows / kRowsPerPass; ++a) {
+    const bool valid = r0 + a * kRowsPerPass < valid_rows;
+#pragma unroll
+    for (int b = 0; b < kChunks / 8; ++b) {
+      const typename Cfg::Element* from = valid ? src0 + a * kRowsPerPass * stride + b * 64 : src;
+      sm80::cp_async_16(dst0 + unsigned(a * kRowsPerPass * kChunks + b * 8) * 16u, from, valid ? 16 : 0);
+    }
   }
 }
 
@@ -85,31 +94,61 @@ struct Sm80Frags {
   float o[Cfg::D_V / 8][4];               // O accumulator
 };
 
+// Where a lane's ldmatrix rows lie in the swizzled tiles. An x4 ldmatrix of a 16-row, two-chunk
+// block takes its four 8 x 8 matrices from lanes 0-7, 8-15, 16-23, 24-31; each lane addresses row
+// (lane % 8) + 8 (row half) of the block, chunk 2 kk + (chunk bit) (k-step or column pair kk). Q and V
+// take the row half from bit 3 of the lane and the chunk from bit 4, K the other way round (its
+// matrices then come out as the two register pairs of two n8 tiles). Every such row is lane % 8
+// modulo 8, so the swizzle puts the chunk at 8 (kk / 4) + ((2 (kk % 4) + chunk bit) ^ (lane % 8)): four
+// addresses a lane and tile serve every k-step (kk / 4 and the block's rows become immediates).
+struct LdsmLane {
+  int lane;
+
+  // The four addresses in the swizzled tile at `tile` (kChunks 16-byte chunks a row); chunk pair kk
+  // of row block rb is at out[kk % 4] + (16 rb kChunks + 8 (kk / 4)) * 16. Through opaque moves: each
+  // ldmatrix then addresses [register + immediate] (hoisted out of the main loop, such addresses
+  // would hold registers for every k-step; recomputed per ldmatrix, they cost an add each).
+  template <int kChunks, bool kRowHalfFromBit4>
+  __device__ __forceinline__ void bases(uint32_t tile, uint32_t (&out)[4]) const {
+    const int half = kRowHalfFromBit4 ? lane / 16 : (lane / 8) % 2;
+    const int chunk = kRowHalfFromBit4 ? (lane / 8) % 2 : lane / 16;
+    const uint32_t row = tile + uint32_t((lane % 8) + 8 * half) * kChunks * 16;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) out[t] = uint32_t(sm80::opaque(int(row + uint32_t((2 * t + chunk) ^ (lane % 8)) * 16)));
+  }
+  template <int kChunks>
+  __device__ __forceinline__ static constexpr uint32_t offset(int row_block, int kk) {
+    return uint32_t(16 * row_block * kChunks + 8 * (kk / 4)) * 16;
+  }
+};
+
 // Q fragment of warp `warp` (rows 16 warp ..) from the shared tile into registers.
 template <typename Cfg>
-__device__ __forceinline__ void load_q_frags(Sm80Frags<Cfg>& f, uint32_t q_smem, int warp, int lane) {
-  const int row = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+__device__ __forceinline__ void load_q_frags(Sm80Frags<Cfg>& f, uint32_t q_smem, const LdsmLane& ln, int warp) {
+  uint32_t qb[4];
+  ln.bases<Cfg::kQkChunks, false>(q_smem, qb);
 #pragma unroll
   for (int kk = 0; kk < Cfg::D_QK / 16; ++kk) {
-    sm80::ldsm_x4(f.q[kk], q_smem + sm80::swz<Cfg::kQkChunks>(row, kk * 2 + lane / 16));
+    sm80::ldsm_x4(f.q[kk], qb[kk % 4] + LdsmLane::offset<Cfg::kQkChunks>(warp, kk));
   }
 }
 
 // S = Q K^T over the tile in k_smem.
 template <typename Cfg>
-__device__ __forceinline__ void compute_s(Sm80Frags<Cfg>& f, uint32_t k_smem, int lane) {
+__device__ __forceinline__ void compute_s(Sm80Frags<Cfg>& f, uint32_t k_smem, const LdsmLane& ln) {
 #pragma unroll
   for (int nt = 0; nt < Cfg::BLOCK_N / 8; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) f.s[nt][e] = 0.f;
   }
-  const int row = (lane % 8) + (lane / 16) * 8, chunk = (lane / 8) % 2;
+  uint32_t kb[4];
+  ln.bases<Cfg::kQkChunks, true>(k_smem, kb);
 #pragma unroll
   for (int kk = 0; kk < Cfg::D_QK / 16; ++kk) {
 #pragma unroll
     for (int np = 0; np < Cfg::BLOCK_N / 16; ++np) {
-      uint32_t b[4];
-      sm80::ldsm_x4(b, k_smem + sm80::swz<Cfg::kQkChunks>(np * 16 + row, kk * 2 + chunk));
+      uint32_t b[4];   // keys 0-7 of the 16: k low, k high; keys 8-15: k low, k high
+      sm80::ldsm_x4(b, kb[kk % 4] + LdsmLane::offset<Cfg::kQkChunks>(np, kk));
       sm80::Mma<typename Cfg::Element>::run(f.s[2 * np], f.q[kk], b[0], b[1]);
       sm80::Mma<typename Cfg::Element>::run(f.s[2 * np + 1], f.q[kk], b[2], b[3]);
     }
@@ -168,9 +207,10 @@ __device__ __forceinline__ void softmax_rescale(Sm80Frags<Cfg>& f, Sm80Rows& st,
 
 // O += P V over the tile in v_smem; P repacked from S (two m16n8 tiles = one k16 A fragment).
 template <typename Cfg>
-__device__ __forceinline__ void compute_pv(Sm80Frags<Cfg>& f, uint32_t v_smem, int lane) {
+__device__ __forceinline__ void compute_pv(Sm80Frags<Cfg>& f, uint32_t v_smem, const LdsmLane& ln) {
   using Element = typename Cfg::Element;
-  const int row = (lane % 8) + ((lane / 8) % 2) * 8, chunk = lane / 16;
+  uint32_t vb[4];
+  ln.bases<Cfg::kVChunks, false>(v_smem, vb);
 #pragma unroll
   for (int kk = 0; kk < Cfg::BLOCK_N / 16; ++kk) {
     const uint32_t a[4] = {ElemTraits<Element>::pack2(f.s[2 * kk][0], f.s[2 * kk][1]),
@@ -180,7 +220,7 @@ __device__ __forceinline__ void compute_pv(Sm80Frags<Cfg>& f, uint32_t v_smem, i
 #pragma unroll
     for (int np = 0; np < Cfg::D_V / 16; ++np) {
       uint32_t b[4];
-      sm80::ldsm_x4_trans(b, v_smem + sm80::swz<Cfg::kVChunks>(kk * 16 + row, np * 2 + chunk));
+      sm80::ldsm_x4_trans(b, vb[np % 4] + LdsmLane::offset<Cfg::kVChunks>(kk, np));
       sm80::Mma<Element>::run(f.o[2 * np], a, b[0], b[1]);
       sm80::Mma<Element>::run(f.o[2 * np + 1], a, b[2], b[3]);
     }
@@ -242,20 +282,21 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
   const int kv_head = w.head / p.q_per_kv;
   const Element* qg = static_cast<const Element*>(p.q) + (long long)(w.q0 + w.m_block * BM) * p.q_stride_t +
                       (long long)w.head * p.q_stride_h;
-  const Element* kg = static_cast<const Element*>(p.k) + (long long)w.k0 * p.k_stride_t +
-                      (long long)kv_head * p.k_stride_h;
-  const Element* vg = static_cast<const Element*>(p.v) + (long long)w.k0 * p.v_stride_t +
-                      (long long)kv_head * p.v_stride_h;
-
-  auto load_kv = [&](int i) {   // the copies of walk step i (tile n_tiles - 1 - i) into stage i % NS
+  // The copies of walk step i (tile n_tiles - 1 - i) into stage i % NS. Source rows are addressed
+  // from the parameters (constant bank) and an opaque thread index at each step: 64-bit pointers
+  // held across the main loop would cost registers the 128-key tiles do not have.
+  auto load_kv = [&](int i) {
     const int n = w.n_tiles - 1 - i;
     const uint32_t stage = stages + (i % NS) * Cfg::kStageBytes;
-    const int rows = min(BN, w.len_k - n * BN);
-    copy_rows<Cfg, BN, Cfg::kQkChunks>(stage, kg + (long long)n * BN * p.k_stride_t, p.k_stride_t, rows, tid);
-    copy_rows<Cfg, BN, Cfg::kVChunks>(stage + Cfg::kKBytes, vg + (long long)n * BN * p.v_stride_t, p.v_stride_t,
-                                      rows, tid);
+    const int rows = min(BN, w.len_k - n * BN), t = sm80::opaque(tid);
+    const long long tok = w.k0 + n * BN;
+    copy_rows<Cfg, BN, Cfg::kQkChunks>(stage, static_cast<const Element*>(p.k) + tok * p.k_stride_t +
+                                       (long long)kv_head * p.k_stride_h, p.k_stride_t, rows, t);
+    copy_rows<Cfg, BN, Cfg::kVChunks>(stage + Cfg::kKBytes, static_cast<const Element*>(p.v) + tok * p.v_stride_t +
+                                      (long long)kv_head * p.v_stride_h, p.v_stride_t, rows, t);
   };
 
+  const LdsmLane ln{lane};
   Sm80Frags<Cfg> f;
   Sm80Rows st{{-kInf, -kInf}, {0.f, 0.f}};
 #pragma unroll
@@ -276,7 +317,7 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
     if constexpr (Cfg::Q_ALIASES_KV) {   // Q to registers before the stages overwrite it
       sm80::cp_async_wait<0>();
       __syncthreads();
-      load_q_frags<Cfg>(f, q_smem, warp, lane);
+      load_q_frags<Cfg>(f, q_smem, ln, warp);
       __syncthreads();
     }
 #pragma unroll
@@ -287,7 +328,7 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
     if constexpr (!Cfg::Q_ALIASES_KV) {   // Q (the oldest group) to registers while K/V land
       sm80::cp_async_wait<NS - 1>();
       __syncthreads();
-      load_q_frags<Cfg>(f, q_smem, warp, lane);
+      load_q_frags<Cfg>(f, q_smem, ln, warp);
     }
     // Ping-pong: the two halves of the warps take turns at the MMAs (group 0 first), so one half's
     // softmax runs while the other's MMAs fill the tensor pipes (each SM sub-partition holds a
@@ -303,12 +344,12 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
       const int n = w.n_tiles - 1 - i;
       const uint32_t stage = stages + (i % NS) * Cfg::kStageBytes;
       turn_wait<Cfg>(grp);
-      compute_s<Cfg>(f, stage, lane);
+      compute_s<Cfg>(f, stage, ln);
       turn_pass<Cfg>(1 - grp);
       if (n >= w.mask_from) mask_s<Cfg>(f, n * BN, lane, lim);
       softmax_rescale<Cfg>(f, st, p.scale_log2);
       turn_wait<Cfg>(grp);
-      compute_pv<Cfg>(f, stage + Cfg::kKBytes, lane);
+      compute_pv<Cfg>(f, stage + Cfg::kKBytes, ln);
       turn_pass<Cfg>(1 - grp);
     }
     if (grp == 0) turn_wait<Cfg>(0);   // group 1's last pass (each barrier ends balanced)
