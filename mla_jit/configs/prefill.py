@@ -63,7 +63,7 @@ class Sm80PrefillConfig:
     head_dim: int
     head_dim_v: int
     causal: bool
-    num_stages: int
+    num_stages: int      # 1: one K and one V buffer, each loaded while the other is read
     q_aliases_kv: bool   # Q loaded through the K/V stage area (small shared memory)
     block_m: int = 128
     block_n: int = 64
@@ -71,7 +71,7 @@ class Sm80PrefillConfig:
     def __post_init__(self):
         check_fields(self, dtype=PREFILL_DTYPES, head_dim=tuple(sorted({d for d, _ in SUPPORTED_HEAD_DIMS})),
                      head_dim_v=tuple(sorted({dv for _, dv in SUPPORTED_HEAD_DIMS})), causal=(False, True),
-                     num_stages=(2, 3), q_aliases_kv=(False, True), block_m=(128,), block_n=(64, 128))
+                     num_stages=(1, 2, 3), q_aliases_kv=(False, True), block_m=(128,), block_n=(64, 128))
         if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
             from ..errors import InvalidArgumentError
             raise InvalidArgumentError("Sm80PrefillConfig.head_dim/head_dim_v",
@@ -88,13 +88,15 @@ class Sm80PrefillConfig:
 
 @functools.lru_cache(maxsize=None)
 def sm80_prefill_config(dtype: str, head_dim: int, head_dim_v: int, causal: bool, arch: Arch) -> Sm80PrefillConfig:
-    """Tiles of 128 keys where two stages of them fit the arch's shared memory (sm_80's 163 KB, with
-    Q loaded through them at 192/128), else of 64; then the deepest pipeline that fits, preferring Q
-    in its own area (its load then overlaps the first K/V tiles') at equal depth. (Two 64-row CTAs an
-    SM lost to one of 128 rows on the H200, and 128-key tiles won over 64-key ones: bench/NOTES.md.)"""
+    """Tiles of 128 keys; Q in its own area where it fits beside them (its load then overlaps the
+    first K tile's), else loaded through the K/V area; then the deepest pipeline that fits. At
+    192/128: one K and one V buffer with Q beside them in sm_80's 163 KB, Q through them in 99 KB;
+    tiles of 64 keys only where not even that fits. (H200, bench/NOTES.md: two 64-row CTAs an SM lost
+    to one of 128 rows; 128-key tiles won over 64-key ones; at sm_80's 192/128, one buffer each
+    with Q beside them won over two stages with Q through them.)"""
     limit = SM80_SMEM_LIMITS[arch.name]
     for block_n in (128, 64):
-        for stages, alias in ((3, False), (2, False), (3, True), (2, True)):
+        for stages, alias in ((3, False), (2, False), (1, False), (3, True), (2, True), (1, True)):
             cfg = Sm80PrefillConfig(dtype, head_dim, head_dim_v, causal, stages, alias, block_n=block_n)
             if cfg.smem_bytes <= limit:
                 return cfg

@@ -18,6 +18,8 @@
 //   wait for tile i's copies (cp.async group) -> __syncthreads (every warp is done with tile i - 1,
 //   whose stage is refilled now) -> issue the copies of tile i + NUM_STAGES - 1 -> S = Q K^T ->
 //   mask -> online softmax (lazy rescaling, as the sm_90a kernel) -> O += P V.
+//   NUM_STAGES 1 (128-key tiles in 99 KB): one K and one V buffer, V(i) loaded during S(i) and
+//   K(i + 1) during softmax and P V(i), as FlashAttention-2 does (see the main loop).
 // Rows and keys past a sequence's end are copied as zeros (cp.async with 0 source bytes): nothing
 // past cu_seqlens is read, and a masked key contributes exactly 0.
 #pragma once
@@ -50,7 +52,7 @@ struct PrefillSm80Config {
 
   static_assert(BLOCK_M % 16 == 0 && BLOCK_M <= 256, "16 query rows a warp");
   static_assert(BLOCK_N % 16 == 0 && D_QK % 64 == 0 && D_V % 64 == 0, "tile shapes");
-  static_assert(NUM_STAGES >= 2, "double buffering at least");
+  static_assert(NUM_STAGES >= 1, "one K and one V buffer at least (NUM_STAGES 1: loads overlapped FA2-style)");
   static_assert(cute::is_same_v<Element, cutlass::bfloat16_t> || cute::is_same_v<Element, cutlass::half_t>,
                 "bf16 or fp16");
 };
@@ -265,6 +267,8 @@ template <typename Cfg>
 __device__ __forceinline__ void turn_pass(int g) {
   named_barrier_arrive(1 + g, Cfg::NUM_THREADS);
 }
+// One K and one V buffer: every thread's copies of the V buffer have landed (all threads).
+constexpr int kVReadyBarrier = 3;
 
 }  // namespace detail
 
@@ -285,15 +289,20 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
   // The copies of walk step i (tile n_tiles - 1 - i) into stage i % NS. Source rows are addressed
   // from the parameters (constant bank) and an opaque thread index at each step: 64-bit pointers
   // held across the main loop would cost registers the 128-key tiles do not have.
-  auto load_kv = [&](int i) {
+  auto load_k = [&](int i) {
     const int n = w.n_tiles - 1 - i;
-    const uint32_t stage = stages + (i % NS) * Cfg::kStageBytes;
-    const int rows = min(BN, w.len_k - n * BN), t = sm80::opaque(tid);
     const long long tok = w.k0 + n * BN;
-    copy_rows<Cfg, BN, Cfg::kQkChunks>(stage, static_cast<const Element*>(p.k) + tok * p.k_stride_t +
-                                       (long long)kv_head * p.k_stride_h, p.k_stride_t, rows, t);
-    copy_rows<Cfg, BN, Cfg::kVChunks>(stage + Cfg::kKBytes, static_cast<const Element*>(p.v) + tok * p.v_stride_t +
-                                      (long long)kv_head * p.v_stride_h, p.v_stride_t, rows, t);
+    copy_rows<Cfg, BN, Cfg::kQkChunks>(stages + (i % NS) * Cfg::kStageBytes, static_cast<const Element*>(p.k) +
+                                       tok * p.k_stride_t + (long long)kv_head * p.k_stride_h, p.k_stride_t,
+                                       min(BN, w.len_k - n * BN), sm80::opaque(tid));
+  };
+  auto load_v = [&](int i) {
+    const int n = w.n_tiles - 1 - i;
+    const long long tok = w.k0 + n * BN;
+    copy_rows<Cfg, BN, Cfg::kVChunks>(stages + (i % NS) * Cfg::kStageBytes + Cfg::kKBytes,
+                                      static_cast<const Element*>(p.v) + tok * p.v_stride_t +
+                                      (long long)kv_head * p.v_stride_h, p.v_stride_t, min(BN, w.len_k - n * BN),
+                                      sm80::opaque(tid));
   };
 
   const LdsmLane ln{lane};
@@ -320,13 +329,20 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
       load_q_frags<Cfg>(f, q_smem, ln, warp);
       __syncthreads();
     }
+    if constexpr (NS == 1) {
+      load_k(0);
+      sm80::cp_async_commit();
+    }
 #pragma unroll
     for (int i = 0; i < NS - 1; ++i) {
-      if (i < w.n_tiles) load_kv(i);
+      if (i < w.n_tiles) {
+        load_k(i);
+        load_v(i);
+      }
       sm80::cp_async_commit();   // (empty groups keep the count uniform)
     }
     if constexpr (!Cfg::Q_ALIASES_KV) {   // Q (the oldest group) to registers while K/V land
-      sm80::cp_async_wait<NS - 1>();
+      sm80::cp_async_wait<NS == 1 ? 1 : NS - 1>();
       __syncthreads();
       load_q_frags<Cfg>(f, q_smem, ln, warp);
     }
@@ -335,19 +351,37 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
     // warp of each half: warps w and w + 4).
     const int grp = warp / (Cfg::kWarps / 2);
     if (grp == 1) turn_pass<Cfg>(0);
+    // One K and one V buffer (NS == 1): V(i) lands during S(i), K(i + 1) during softmax and P V(i).
+    // After its S, every thread waits for its copies of V(i) and meets the others at kVReady: then
+    // everyone's V(i) is in, no warp reads K(i) any more, and K(i + 1) is issued. Group 1 meets there
+    // before its softmax (which overlaps group 0's P V), group 0 after its own (which overlaps group
+    // 1's S).
+    auto v_ready_k_next = [&](int i) {
+      sm80::cp_async_wait<0>();
+      named_barrier_sync(kVReadyBarrier, Cfg::NUM_THREADS);
+      if (i + 1 < w.n_tiles) load_k(i + 1);
+      sm80::cp_async_commit();
+    };
 #pragma unroll 1
     for (int i = 0; i < w.n_tiles; ++i) {
-      sm80::cp_async_wait<NS - 2>();   // this thread's copies of step i (and Q) landed
+      sm80::cp_async_wait<NS == 1 ? 0 : NS - 2>();   // this thread's copies of step i (and Q) landed
       __syncthreads();                 // everyone's; and every warp is done with step i - 1's stage
-      if (i + NS - 1 < w.n_tiles) load_kv(i + NS - 1);
+      if constexpr (NS == 1) {
+        load_v(i);
+      } else if (i + NS - 1 < w.n_tiles) {
+        load_k(i + NS - 1);
+        load_v(i + NS - 1);
+      }
       sm80::cp_async_commit();
       const int n = w.n_tiles - 1 - i;
       const uint32_t stage = stages + (i % NS) * Cfg::kStageBytes;
       turn_wait<Cfg>(grp);
       compute_s<Cfg>(f, stage, ln);
       turn_pass<Cfg>(1 - grp);
+      if (NS == 1 && grp == 1) v_ready_k_next(i);
       if (n >= w.mask_from) mask_s<Cfg>(f, n * BN, lane, lim);
       softmax_rescale<Cfg>(f, st, p.scale_log2);
+      if (NS == 1 && grp == 0) v_ready_k_next(i);
       turn_wait<Cfg>(grp);
       compute_pv<Cfg>(f, stage + Cfg::kKBytes, ln);
       turn_pass<Cfg>(1 - grp);
