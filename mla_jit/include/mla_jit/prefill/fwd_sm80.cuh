@@ -135,8 +135,9 @@ __device__ __forceinline__ void load_q_frags(Sm80Frags<Cfg>& f, uint32_t q_smem,
   }
 }
 
-// S = Q K^T over the tile in k_smem.
-template <typename Cfg>
+// S = Q K^T over the first kKeys keys of the tile in k_smem (a tile's later keys, which no row of the
+// warp sees, stay 0 until mask_s sets them to -inf).
+template <typename Cfg, int kKeys = Cfg::BLOCK_N>
 __device__ __forceinline__ void compute_s(Sm80Frags<Cfg>& f, uint32_t k_smem, const LdsmLane& ln) {
 #pragma unroll
   for (int nt = 0; nt < Cfg::BLOCK_N / 8; ++nt) {
@@ -148,7 +149,7 @@ __device__ __forceinline__ void compute_s(Sm80Frags<Cfg>& f, uint32_t k_smem, co
 #pragma unroll
   for (int kk = 0; kk < Cfg::D_QK / 16; ++kk) {
 #pragma unroll
-    for (int np = 0; np < Cfg::BLOCK_N / 16; ++np) {
+    for (int np = 0; np < kKeys / 16; ++np) {
       uint32_t b[4];   // keys 0-7 of the 16: k low, k high; keys 8-15: k low, k high
       sm80::ldsm_x4(b, kb[kk % 4] + LdsmLane::offset<Cfg::kQkChunks>(np, kk));
       sm80::Mma<typename Cfg::Element>::run(f.s[2 * np], f.q[kk], b[0], b[1]);
@@ -208,13 +209,14 @@ __device__ __forceinline__ void softmax_rescale(Sm80Frags<Cfg>& f, Sm80Rows& st,
 }
 
 // O += P V over the tile in v_smem; P repacked from S (two m16n8 tiles = one k16 A fragment).
-template <typename Cfg>
+// Over the first kKeys keys (P is 0 past them).
+template <typename Cfg, int kKeys = Cfg::BLOCK_N>
 __device__ __forceinline__ void compute_pv(Sm80Frags<Cfg>& f, uint32_t v_smem, const LdsmLane& ln) {
   using Element = typename Cfg::Element;
   uint32_t vb[4];
   ln.bases<Cfg::kVChunks, false>(v_smem, vb);
 #pragma unroll
-  for (int kk = 0; kk < Cfg::BLOCK_N / 16; ++kk) {
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
     const uint32_t a[4] = {ElemTraits<Element>::pack2(f.s[2 * kk][0], f.s[2 * kk][1]),
                            ElemTraits<Element>::pack2(f.s[2 * kk][2], f.s[2 * kk][3]),
                            ElemTraits<Element>::pack2(f.s[2 * kk + 1][0], f.s[2 * kk + 1][1]),
@@ -313,12 +315,14 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) f.o[nt][e] = 0.f;
   }
+  // Keys visible to the thread's rows (bottom-right causal), and to its warp's last row (the keys the
+  // warp computes in a tile that needs the mask; 0 for a warp past the sequence's rows).
+  auto visible = [&](int r) { return Cfg::CAUSAL ? min(w.len_k, w.len_k - w.len_q + r + 1) : w.len_k; };
   int lim[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = w.m_block * BM + warp * 16 + lane / 4 + 8 * h;
-    lim[h] = Cfg::CAUSAL ? min(w.len_k, w.len_k - w.len_q + r + 1) : w.len_k;
-  }
+  for (int h = 0; h < 2; ++h) lim[h] = visible(w.m_block * BM + warp * 16 + lane / 4 + 8 * h);
+  const int warp_first = w.m_block * BM + warp * 16;
+  const int warp_keys = warp_first < w.len_q ? visible(min(warp_first + 15, w.len_q - 1)) : 0;
 
   if (w.n_tiles > 0) {
     copy_rows<Cfg, BM, Cfg::kQkChunks>(q_smem, qg, p.q_stride_t, min(BM, w.len_q - w.m_block * BM), tid);
@@ -362,8 +366,11 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
       if (i + 1 < w.n_tiles) load_k(i + 1);
       sm80::cp_async_commit();
     };
-#pragma unroll 1
-    for (int i = 0; i < w.n_tiles; ++i) {
+    // Walk step i (tile n = n_tiles - 1 - i). The tiles that need the mask come first (the walk runs
+    // from the last tile): they run in their own loop, with kPartial, so that the loop over the full
+    // tiles has no per-block tests.
+    auto step = [&](int i, auto partial) {
+      constexpr bool kPartial = decltype(partial)::value;
       sm80::cp_async_wait<NS == 1 ? 0 : NS - 2>();   // this thread's copies of step i (and Q) landed
       __syncthreads();                 // everyone's; and every warp is done with step i - 1's stage
       if constexpr (NS == 1) {
@@ -375,17 +382,32 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
       sm80::cp_async_commit();
       const int n = w.n_tiles - 1 - i;
       const uint32_t stage = stages + (i % NS) * Cfg::kStageBytes;
+      // A tile that needs the mask: a warp whose rows see none of its second half computes the first.
+      const bool half = kPartial && warp_keys - n * BN <= BN / 2;
       turn_wait<Cfg>(grp);
-      compute_s<Cfg>(f, stage, ln);
+      if (half) {
+        compute_s<Cfg, BN / 2>(f, stage, ln);
+      } else {
+        compute_s<Cfg>(f, stage, ln);
+      }
       turn_pass<Cfg>(1 - grp);
       if (NS == 1 && grp == 1) v_ready_k_next(i);
-      if (n >= w.mask_from) mask_s<Cfg>(f, n * BN, lane, lim);
+      if (kPartial) mask_s<Cfg>(f, n * BN, lane, lim);
       softmax_rescale<Cfg>(f, st, p.scale_log2);
       if (NS == 1 && grp == 0) v_ready_k_next(i);
       turn_wait<Cfg>(grp);
-      compute_pv<Cfg>(f, stage + Cfg::kKBytes, ln);
+      if (half) {
+        compute_pv<Cfg, BN / 2>(f, stage + Cfg::kKBytes, ln);
+      } else {
+        compute_pv<Cfg>(f, stage + Cfg::kKBytes, ln);
+      }
       turn_pass<Cfg>(1 - grp);
-    }
+    };
+    int i = 0;
+#pragma unroll 1
+    for (; i < w.n_tiles && w.n_tiles - 1 - i >= w.mask_from; ++i) step(i, cute::true_type{});
+#pragma unroll 1
+    for (; i < w.n_tiles; ++i) step(i, cute::false_type{});
     if (grp == 0) turn_wait<Cfg>(0);   // group 1's last pass (each barrier ends balanced)
     sm80::cp_async_wait<0>();
   }
