@@ -8,18 +8,20 @@
 //
 // Shared memory: Q (BLOCK_M x D_QK), then NUM_STAGES stages of K (BLOCK_N x D_QK) and V (BLOCK_N
 // x D_V), row-major with the XOR swizzle of common/sm80.cuh (conflict-free cp.async writes and
-// ldmatrix reads). Q_ALIASES_KV (two 128-key stages in sm_80's 163 KB; sm_86 / sm_89's 99 KB): Q is
-// loaded into the stage area, moved to registers, and only then are the stages filled. BLOCK_N is
-// 128 where two stages fit: S then runs 16 independent MMA chains a warp (8 at 64 keys, too few to
-// hide mma.sync's latency with one warp of a sub-partition at the MMAs), and the barriers and
-// softmax reductions come once per 128 keys.
+// ldmatrix reads). Q_ALIASES_KV (sm_86 / sm_89's 99 KB at 192/128): Q is loaded into the stage
+// area, moved to registers, and only then are the stages filled. BLOCK_N is 128 (configs/prefill.py):
+// S then runs 16 independent MMA chains a warp (8 at 64 keys, too few to hide mma.sync's latency
+// with one warp of a sub-partition at the MMAs), and the barriers and softmax reductions come once
+// per 128 keys.
 //
 // Pipeline per KV tile i (walked from the last tile, the only ones needing a mask, to the first):
 //   wait for tile i's copies (cp.async group) -> __syncthreads (every warp is done with tile i - 1,
 //   whose stage is refilled now) -> issue the copies of tile i + NUM_STAGES - 1 -> S = Q K^T ->
 //   mask -> online softmax (lazy rescaling, as the sm_90a kernel) -> O += P V.
-//   NUM_STAGES 1 (128-key tiles in 99 KB): one K and one V buffer, V(i) loaded during S(i) and
-//   K(i + 1) during softmax and P V(i), as FlashAttention-2 does (see the main loop).
+//   NUM_STAGES 1 (192/128 at 128 keys): one K and one V buffer, V(i) loaded during S(i) and K(i + 1)
+//   during softmax and P V(i), as FlashAttention-2 does (see the main loop).
+//   The tiles that need the mask run in a loop of their own; there a warp whose rows see none of
+//   the tile's second half computes S and P V over the first half.
 // Rows and keys past a sequence's end are copied as zeros (cp.async with 0 source bytes): nothing
 // past cu_seqlens is read, and a masked key contributes exactly 0.
 #pragma once
