@@ -55,10 +55,15 @@ class PagedConfig:
     next_n: int
     page_size: int
     num_stages: int = 10
+    math_warpgroups: int = 2   # taking the CTA's tiles in turn (paged_logits_sm90.cuh)
 
     def __post_init__(self):
         check_fields(self, heads=INDEXER_HEADS, head_dim=INDEXER_HEAD_DIMS, next_n=range(1, INDEXER_MAX_NEXT_N + 1),
-                     page_size=INDEXER_PAGE_SIZES, num_stages=range(2, 17))
+                     page_size=INDEXER_PAGE_SIZES, num_stages=range(2, 17), math_warpgroups=(2, 3))
+
+    @property
+    def num_threads(self) -> int:
+        return 128 * (1 + self.math_warpgroups)
 
     @property
     def smem_bytes(self) -> int:
@@ -171,9 +176,12 @@ def logits_config(heads: int, head_dim: int, arch: Arch) -> LogitsConfig:
 
 @functools.lru_cache(maxsize=None)
 def paged_config(heads: int, head_dim: int, next_n: int, page_size: int, arch: Arch) -> PagedConfig:
-    # The deepest key ring that fits beside the two Q slots (memory-bound: tiles in flight).
+    # The deepest key ring that fits beside the two Q slots (memory-bound: tiles in flight). Three
+    # math warpgroups where a tile's accumulator and weights fit their 152 registers (next_n x heads
+    # <= 128), else two.
+    math_wgs = 3 if next_n * heads <= 128 else 2
     for stages in (12, 10, 8, 6):
-        cfg = PagedConfig(heads, head_dim, next_n, page_size, stages)
+        cfg = PagedConfig(heads, head_dim, next_n, page_size, stages, math_wgs)
         if cfg.smem_bytes <= SMEM_LIMIT:
             return cfg
     raise AssertionError("no paged indexer config fits")   # (6 stages fit every shape)

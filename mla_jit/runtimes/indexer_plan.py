@@ -130,7 +130,7 @@ class PagedPlan:
             self.cfg = paged_config(heads, head_dim, next_n, page, arch.tuning)
             params = (Blob(PAGED_PARAMS.size), TMA_DESC, TMA_DESC, TMA_DESC, TMA_DESC)
             self.launch = _kernel_launch(registry.get("indexer_paged_sm90"), self.cfg, arch, device_index, params,
-                                         384)
+                                         self.cfg.num_threads)
         else:
             self.cfg = paged_sm80_config(heads, head_dim, next_n, page, arch.tuning)
             self.launch = _kernel_launch(registry.get("indexer_paged_sm80"), self.cfg, arch, device_index,

@@ -339,7 +339,7 @@ __device__ __forceinline__ void math(typename Cfg::SharedStorage& ss, const Logi
 // (k_empty_arrivals: math warps that release each K stage).
 template <typename Cfg>
 __device__ __forceinline__ typename Cfg::SharedStorage& init_shared(const TmaDescriptor* const (&descs)[4],
-                                                                    int k_empty_arrivals) {
+                                                                    int k_empty_arrivals, int q_empty_arrivals = 2) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using SS = typename Cfg::SharedStorage;
   SS& ss = aligned_shared_storage<SS>(smem_raw);
@@ -349,7 +349,7 @@ __device__ __forceinline__ typename Cfg::SharedStorage& init_shared(const TmaDes
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
       mbarrier_init(&ss.q_full[x], 1);
-      mbarrier_init(&ss.q_empty[x], 2);
+      mbarrier_init(&ss.q_empty[x], q_empty_arrivals);   // one thread of each math warpgroup
     }
 #pragma unroll
     for (int s = 0; s < Cfg::NUM_STAGES; ++s) {
@@ -362,7 +362,7 @@ __device__ __forceinline__ typename Cfg::SharedStorage& init_shared(const TmaDes
   return ss;
 }
 
-// Both kernels' roles: warp 0 loads, warps 1-3 clean (lane, lanes), warpgroups 1 and 2 compute (wg).
+// Both kernels' roles: warp 0 loads, warps 1-3 clean (lane, lanes), warpgroups 1.. compute (wg).
 template <typename Cfg, typename Load, typename Clean, typename Math>
 __device__ __forceinline__ void run_roles(Load&& load, Clean&& clean, Math&& math) {
   // setmaxnreg.inc waits for registers the CTA's other warps gave back: taking more than the

@@ -9,9 +9,10 @@
 // the schedule (get_paged_mqa_logits_metadata: {batch, tile} where CTA c starts). Roles as the
 // ragged kernel's (logits_sm90.cuh): warp 0 loads (TMA: Q and weights per batch entry, then each
 // tile's page(s) and scales through the block table, read by the warp 32 tiles ahead), warps
-// 1-3 clean (rows c, c + grid, ...: -inf past the entry's last tile, clean_logits), warpgroups 1
-// and 2 compute the CTA's tiles alternately (tile g of the CTA to warpgroup g % 2). The kernel is memory-bound: the producer runs
-// NUM_STAGES tiles ahead, and each math warpgroup's epilogue overlaps the other's wgmma.
+// 1-3 clean (rows c, c + grid, ...: -inf past the entry's last tile, clean_logits), MATH_WGS
+// warpgroups compute the CTA's tiles in turn (tile g of the CTA to warpgroup g % MATH_WGS). The
+// producer runs NUM_STAGES tiles ahead, and each math warpgroup's epilogue overlaps the others'
+// wgmma; with 3 math warpgroups (fewer registers each) two epilogues run beside each wgmma.
 // Pages past block_table's columns, and block ids outside the cache, load zeros (TMA bounds).
 #pragma once
 
@@ -20,11 +21,13 @@
 namespace mla_jit {
 namespace indexer {
 
-template <int H_, int D_, int NEXT_N_, int PAGE_, int NUM_STAGES_>
+template <int H_, int D_, int NEXT_N_, int PAGE_, int NUM_STAGES_, int MATH_WGS_>
 struct PagedSm90Config {
   static constexpr int H = H_, D = D_, NEXT_N = NEXT_N_, PAGE = PAGE_, NUM_STAGES = NUM_STAGES_;
+  static constexpr int MATH_WGS = MATH_WGS_;   // math warpgroups, taking the CTA's tiles in turn
   static constexpr int N = NEXT_N * H;
-  static constexpr int NUM_THREADS = 384;
+  static constexpr int NUM_THREADS = 128 * (1 + MATH_WGS);
+  static_assert(MATH_WGS == 2 || MATH_WGS == 3, "two or three math warpgroups");
   static_assert(H == 8 || H == 16 || H == 32 || H == 64, "heads: 8, 16, 32 or 64");
   static_assert(D == 64 || D == 128, "head dim: 64 or 128");
   static_assert(NEXT_N >= 1 && N <= 256, "next_n x heads: at most 256 (one wgmma N)");
@@ -48,7 +51,7 @@ struct PagedSm90Config {
   static constexpr unsigned kQBytes = N * D + N * sizeof(float);
   static constexpr unsigned kTileBytes = kTileKeys * D + kTileKeys * sizeof(float);
   static constexpr int kRegsProducer = 40;
-  static constexpr int kRegsMath = 232;
+  static constexpr int kRegsMath = MATH_WGS == 2 ? 232 : 152;   // (run_roles checks the balance)
 };
 
 namespace detail {
@@ -126,9 +129,10 @@ __device__ __forceinline__ void paged_math(typename Cfg::SharedStorage& ss, cons
       row[m] = stored ? bi * Cfg::NEXT_N + j : -1;
       limit[m] = stored ? paged_row_limit(p.context_lens, bi, j, Cfg::NEXT_N, p.lens_2d) : 0;
     }
-    const int first = t_first + ((kv_iter + wg) & 1);   // this warpgroup's first tile
+    // The CTA's g-th tile goes to warpgroup g % MATH_WGS: this warpgroup's first tile of the segment.
+    const int first = t_first + (wg + Cfg::MATH_WGS - int(kv_iter % Cfg::MATH_WGS)) % Cfg::MATH_WGS;
 #pragma unroll 1
-    for (int t = first; t < t_last; t += 2) {
+    for (int t = first; t < t_last; t += Cfg::MATH_WGS) {
       const uint32_t g = kv_iter + (t - t_first);
       const int s = g % Cfg::NUM_STAGES;
       mbarrier_wait(&ss.k_full[s], (g / Cfg::NUM_STAGES) & 1);
@@ -157,7 +161,7 @@ template <typename Cfg>
 __device__ __forceinline__ void paged_logits_body(const PagedParams& p, const TmaDescriptor* q_desc,
                                                   const TmaDescriptor* w_desc, const TmaDescriptor* k_desc,
                                                   const TmaDescriptor* s_desc) {
-  auto& ss = init_shared<Cfg>({q_desc, w_desc, k_desc, s_desc}, 4);   // one math warpgroup reads each stage
+  auto& ss = init_shared<Cfg>({q_desc, w_desc, k_desc, s_desc}, 4, Cfg::MATH_WGS);   // one math warpgroup reads each stage
   run_roles<Cfg>([&] { detail::paged_producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc); },
                  [&](int lane, int lanes) {
                    if (p.clean) detail::paged_cleaner(p, lane, lanes);
