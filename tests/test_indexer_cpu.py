@@ -43,6 +43,17 @@ def test_configs():
         LogitsConfig(48, 128)
     with pytest.raises(mla_jit.InvalidArgumentError, match="next_n"):
         PagedConfig(64, 128, 5, 64)
+    # Paged: three math warpgroups where a tile's columns allow (next_n x heads <= 128), and a stage
+    # count they divide (each stage serves one warpgroup; 16 stages with 3 hung on the H200).
+    for h in INDEXER_HEADS:
+        for next_n in (1, 2, 3, 4):
+            cfg = paged_config(h, 128, next_n, 64, SM90.tuning)
+            assert cfg.math_warpgroups == (3 if next_n * h <= 128 else 2)
+            assert cfg.num_stages % cfg.math_warpgroups == 0
+    with pytest.raises(mla_jit.InvalidArgumentError, match="num_stages"):
+        PagedConfig(64, 128, 1, 64, 16, 3)
+    with pytest.raises(mla_jit.InvalidArgumentError, match="num_stages"):
+        PagedConfig(64, 128, 4, 64, 7, 2)
     # Units: at least 4096 keys; about 64 an SM when there is that much work.
     assert logits_chunk_keys(4096, 1024, 132) == 4096
     assert logits_chunk_keys(131072, 512, 132) == 7936

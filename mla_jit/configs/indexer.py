@@ -60,6 +60,10 @@ class PagedConfig:
     def __post_init__(self):
         check_fields(self, heads=INDEXER_HEADS, head_dim=INDEXER_HEAD_DIMS, next_n=range(1, INDEXER_MAX_NEXT_N + 1),
                      page_size=INDEXER_PAGE_SIZES, num_stages=range(2, 17), math_warpgroups=(2, 3))
+        if self.num_stages % self.math_warpgroups:   # each stage serves one warpgroup (paged_logits_sm90.cuh)
+            from ..errors import InvalidArgumentError
+            raise InvalidArgumentError("PagedConfig.num_stages", f"a multiple of math_warpgroups "
+                                       f"({self.math_warpgroups})", self.num_stages)
 
     @property
     def num_threads(self) -> int:
@@ -180,7 +184,9 @@ def paged_config(heads: int, head_dim: int, next_n: int, page_size: int, arch: A
     # math warpgroups where a tile's accumulator and weights fit their 152 registers (next_n x heads
     # <= 128), else two.
     math_wgs = 3 if next_n * heads <= 128 else 2
-    for stages in (12, 10, 8, 6):
+    for stages in (12, 10, 9, 8, 6):
+        if stages % math_wgs:   # each stage serves one math warpgroup
+            continue
         cfg = PagedConfig(heads, head_dim, next_n, page_size, stages, math_wgs)
         if cfg.smem_bytes <= SMEM_LIMIT:
             return cfg

@@ -28,6 +28,11 @@ struct PagedSm90Config {
   static constexpr int N = NEXT_N * H;
   static constexpr int NUM_THREADS = 128 * (1 + MATH_WGS);
   static_assert(MATH_WGS == 2 || MATH_WGS == 3, "two or three math warpgroups");
+  // Stage s then always serves the same warpgroup (tile g: stage g % NUM_STAGES, warpgroup g %
+  // MATH_WGS). Otherwise a warpgroup can wait on use u of a stage whose use u - 1 (another warpgroup's
+  // tile, issued earlier but not yet landed: TMA loads complete out of order) is still pending, and
+  // its parity wait passes at once on the wrong phase (16 stages with 3 warpgroups hung on the H200).
+  static_assert(NUM_STAGES % MATH_WGS == 0, "stages: a multiple of the math warpgroups");
   static_assert(H == 8 || H == 16 || H == 32 || H == 64, "heads: 8, 16, 32 or 64");
   static_assert(D == 64 || D == 128, "head dim: 64 or 128");
   static_assert(NEXT_N >= 1 && N <= 256, "next_n x heads: at most 256 (one wgmma N)");
