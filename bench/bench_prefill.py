@@ -177,7 +177,7 @@ def main() -> None:
             variants.append((lambda: None, merge))
         against = []   # (label, call): other configs and another package, in the same interleave
         for spec in args.against_config or ():
-            against.append((spec.split(":", 1)[1], _forced_plan_call(spec, lq, lk, h, causal, (q, k, v))))
+            against.append((spec.partition(":")[2] or spec, _forced_plan_call(spec, lq, lk, h, causal, (q, k, v))))
         if args.against_package:
             against.append((args.against_package,
                             _package_call(args.against_package, lq, lk, causal, with_lse, (q, k, v))))

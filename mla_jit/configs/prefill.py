@@ -66,7 +66,7 @@ class Sm80PrefillConfig:
     num_stages: int      # 1: one K and one V buffer, each loaded while the other is read
     q_aliases_kv: bool   # Q loaded through the K/V stage area (small shared memory)
     block_m: int = 128
-    block_n: int = 64
+    block_n: int = 128
 
     def __post_init__(self):
         check_fields(self, dtype=PREFILL_DTYPES, head_dim=tuple(sorted({d for d, _ in SUPPORTED_HEAD_DIMS})),
@@ -100,4 +100,4 @@ def sm80_prefill_config(dtype: str, head_dim: int, head_dim_v: int, causal: bool
             cfg = Sm80PrefillConfig(dtype, head_dim, head_dim_v, causal, stages, alias, block_n=block_n)
             if cfg.smem_bytes <= limit:
                 return cfg
-    raise AssertionError(f"no prefill tile fits {arch.name}")   # (2 aliased stages fit every head dim)
+    raise AssertionError(f"no prefill tile fits {arch.name}")   # (one aliased 64-key buffer fits every head dim)

@@ -137,8 +137,9 @@ __device__ __forceinline__ void load_q_frags(Sm80Frags<Cfg>& f, uint32_t q_smem,
   }
 }
 
-// S = Q K^T over the first kKeys keys of the tile in k_smem (a tile's later keys, which no row of the
-// warp sees, stay 0 until mask_s sets them to -inf).
+// S = Q K^T over the first kKeys keys of the tile in k_smem. A tile's later keys, which no row of the
+// warp within the sequence sees, stay 0 until mask_s sets them to -inf (for rows past the sequence's
+// end, whose bound may lie beyond them, they stay 0: those rows are computed but never stored).
 template <typename Cfg, int kKeys = Cfg::BLOCK_N>
 __device__ __forceinline__ void compute_s(Sm80Frags<Cfg>& f, uint32_t k_smem, const LdsmLane& ln) {
 #pragma unroll
