@@ -1,4 +1,5 @@
-// Register-fragment and shared-memory helpers shared by the sm_90a kernels (decode and prefill):
+// Register-fragment and shared-memory helpers shared by the sm_90a kernels (decode and prefill; the
+// mma.sync prefill takes the element traits and the MUFU math too):
 // the online softmax's row operations on a wgmma accumulator fragment (64 x N, element i at row
 // row0 + 8 * ((i / 2) % 2), column (i / 4) * 8 + 2 * (lane % 4) + i % 2), the 128B-swizzle
 // addressing, the fast MUFU math, register reallocation and the aligned shared-storage base.
@@ -78,6 +79,14 @@ __device__ __forceinline__ void setmaxnreg_move() {
 template <int kRows>
 __device__ __forceinline__ uint32_t sw128_offset(int r, int c) {
   return uint32_t((c / 64) * kRows * 128 + r * 128 + ((((c / 8) % 8) ^ (r % 8)) << 4) + (c % 8) * 2);
+}
+// x through an opaque move: addresses derived from it inside a loop are recomputed there instead of
+// being hoisted out of the loop as invariants that hold registers across it (a table of swizzled
+// addresses per k-step costs registers the decode's WG0 and the mma.sync prefill do not have).
+__device__ __forceinline__ int opaque(int x) {
+  int y;
+  asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
 }
 // 2^x with the MUFU instruction alone (flushes results below 2^-126 to 0, ~2 ulp): the accurate
 // exp2f adds a denormal-scaling sequence and temporaries per element, and WG0 is register-bound.

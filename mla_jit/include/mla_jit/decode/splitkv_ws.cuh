@@ -130,14 +130,6 @@ namespace decode {
 
 namespace detail {
 
-// x through an opaque move: addresses derived from it in a loop are not hoisted out of the
-// enclosing loop (a table of loop-invariant swizzled addresses would cost registers WG0 lacks).
-__device__ __forceinline__ int ws_opaque(int x) {
-  int y;
-  asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
-  return y;
-}
-
 // What the P V warpgroups learn about a tile besides P and the row scale (WG0 owns the walk).
 struct WsTileInfo {
   int last;  // last tile of its piece: O (already divided by l) is stored after this tile
@@ -524,7 +516,7 @@ namespace detail {
 // The CTA's metadata row. Recomputed where needed (through an opaque move, so it is not hoisted):
 // values that live through a loop cost registers (see kRegsS).
 __device__ __forceinline__ const int* ws_meta(const DecodeParams& p) {
-  return p.tile_scheduler_metadata + ws_opaque(blockIdx.x) * kMetaSize;
+  return p.tile_scheduler_metadata + opaque(blockIdx.x) * kMetaSize;
 }
 
 // ================================ TMA producer (thread 128) ================================
@@ -692,7 +684,7 @@ __device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::S
   auto tSrQ32 = st.q32();
   static_assert(decltype(cute::size(tSrQ32))::value == BM * kQRegCols * int(sizeof(Element)) / 4 / 128,
                 "Q fragment");
-  const int tw = ws_opaque(threadIdx.x % 128);
+  const int tw = opaque(threadIdx.x % 128);
   const int row0 = ws_row0(tw);
   const int m_block = blockIdx.z, g = blockIdx.y;
   // Every warp's S of the previous piece has completed (wgmma wait) before anyone
@@ -811,7 +803,7 @@ __device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSo
   auto& mma_rs = st.mma_rs;
   auto& tSrS = st.tSrS;
   auto tSrQ32 = st.q32();
-  const int tw = ws_opaque(threadIdx.x % 128);
+  const int tw = opaque(threadIdx.x % 128);
   const int stage = n % NS;
   Element* kv = ss.kv[stage];
   if ((Cfg::kSparse || Cfg::kFp8) && tw == 0) WsPhaseTrace::mark(n, 0);
@@ -1065,7 +1057,7 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, Lens
       piece_start = false;
     }
     ws_issue_s<Cfg>(ss, st, n);
-    const int tw = ws_opaque(threadIdx.x % 128);
+    const int tw = opaque(threadIdx.x % 128);
     const int row0 = ws_row0(tw), col_lane = ws_col_lane(tw);
     const int stage = n % NS;
 
@@ -1390,7 +1382,7 @@ __device__ __forceinline__ void ws_dequant_tile(typename Cfg::SharedStorage& ss,
   const int s = n % NS;
   named_barrier_sync(kBarDequant, 256);
   mbarrier_wait(&ss.full[s], (n / NS) & 1);
-  const int t = ws_opaque(threadIdx.x) - 128;
+  const int t = opaque(threadIdx.x) - 128;
   dequant_kv_tile_e4m3<typename Cfg::Element, Cfg::BLOCK_N, Cfg::kColChunks>(
       smem_addr(ss.landing[s]), smem_addr(ss.kv[s]), ss.tile_valid[s], t);
   fence_proxy_async_shared();  // read by wgmma (async proxy)
@@ -1501,7 +1493,7 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
       if (n + 1 < num_tiles) {
         if (n > 0) named_barrier_sync(kBarDequant, 256);
         if (tid == 128) WsPhaseTrace::mark(n, 4);
-        const int t = ws_opaque(tid) - 128;
+        const int t = opaque(tid) - 128;
         ws_dequant_records<Cfg>(ss, n + 1, t);
         if (tid == 128) WsPhaseTrace::mark(n, 5);
       }
@@ -1510,7 +1502,7 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
       if (n > 0 && n - 1 + NS < num_tiles) {
         named_barrier_sync(kBarDequant, 256);
         if (tid == 128) WsPhaseTrace::mark(n, 4);
-        const int t = ws_opaque(tid) - 128;
+        const int t = opaque(tid) - 128;
         ws_gather_tile<Cfg>(p, kv_rows, ss, origin, n - 1 + NS, t, gi);
         ws_load_index<Cfg>(p, origin, n + NS, num_tiles, t, gi);
       }
@@ -1520,14 +1512,14 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
     __syncwarp();  // lane 0 of warp 4 may have diverged into the producer path
     // The thread's rows and columns, re-derived each tile (opaque): live through the loop they
     // would cost registers that O and the de-quantization need.
-    const int tw = ws_opaque(tid_wg);
+    const int tw = opaque(tid_wg);
     const int row0 = ws_row0(tw), col_lane = ws_col_lane(tw);
     // FP8 records: tile n + 2's gather (into the slot tile n + 1 just left) and n + 3's index while P V(n)
     // runs on the tensor cores: off the path from the de-quantization to the next one.
     auto during_pv = [&] {
       if constexpr (Cfg::kSparseFp8) {
         if (n + 2 < num_tiles) {
-          const int t = ws_opaque(tid) - 128;
+          const int t = opaque(tid) - 128;
           ws_gather_tile<Cfg>(p, kv_rows, ss, origin, n + 2, t, gi);
           ws_load_index<Cfg>(p, origin, n + 3, num_tiles, t, gi);
         }

@@ -118,7 +118,7 @@ struct LdsmLane {
     const int chunk = kRowHalfFromBit4 ? (lane / 8) % 2 : lane / 16;
     const uint32_t row = tile + uint32_t((lane % 8) + 8 * half) * kChunks * 16;
 #pragma unroll
-    for (int t = 0; t < 4; ++t) out[t] = uint32_t(sm80::opaque(int(row + uint32_t((2 * t + chunk) ^ (lane % 8)) * 16)));
+    for (int t = 0; t < 4; ++t) out[t] = uint32_t(opaque(int(row + uint32_t((2 * t + chunk) ^ (lane % 8)) * 16)));
   }
   template <int kChunks>
   __device__ __forceinline__ static constexpr uint32_t offset(int row_block, int kk) {
@@ -299,7 +299,7 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
     const long long tok = w.k0 + n * BN;
     copy_rows<Cfg, BN, Cfg::kQkChunks>(stages + (i % NS) * Cfg::kStageBytes, static_cast<const Element*>(p.k) +
                                        tok * p.k_stride_t + (long long)kv_head * p.k_stride_h, p.k_stride_t,
-                                       min(BN, w.len_k - n * BN), sm80::opaque(tid));
+                                       min(BN, w.len_k - n * BN), opaque(tid));
   };
   auto load_v = [&](int i) {
     const int n = w.n_tiles - 1 - i;
@@ -307,7 +307,7 @@ __device__ __forceinline__ void prefill_sm80_body(const PrefillParams& p) {
     copy_rows<Cfg, BN, Cfg::kVChunks>(stages + (i % NS) * Cfg::kStageBytes + Cfg::kKBytes,
                                       static_cast<const Element*>(p.v) + tok * p.v_stride_t +
                                       (long long)kv_head * p.v_stride_h, p.v_stride_t, min(BN, w.len_k - n * BN),
-                                      sm80::opaque(tid));
+                                      opaque(tid));
   };
 
   const LdsmLane ln{lane};
