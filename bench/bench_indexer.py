@@ -2,7 +2,7 @@
 of DeepGEMM), CUDA events, L2 flushed before each call, median of 20. DeepGEMM is not on this
 machine: its figures are the H200 ones in ANCHORS.md (printed beside ours for the ratio).
 
-  fp8_mqa_logits: H 64, D 128, one sequence (row i sees keys [0, kv - seq + i + 1)), clean on
+  fp8_mqa_logits: H 64 (--heads), D 128, one sequence (row i sees keys [0, kv - seq + i + 1)), clean on
     (the clean pass is part of the call); TFLOPS = 2 * sum(ke - ks) * H * D / t.
   fp8_paged_mqa_logits: H 64, D 128, lengths uniform in [0.7, 1.3] x avg, clean off (what engines
     pass); GB/s = (q + weights + lens + sum_len * (D + 4) + sum_len / 64 * 4 + sum_len * next_n * 4) / t.
@@ -75,7 +75,7 @@ def bench_logits(flush, rows):
         t, *other = time_interleaved(_variants(lambda pkg: pkg.fp8_mqa_logits(q, (k, k_scale), weights, ks, ke)),
                                      flush)
         tflops = 2 * cost * H * D / t / 1e6
-        anchor = ANCHOR_LOGITS.get((seq, kv))
+        anchor = ANCHOR_LOGITS.get((seq, kv)) if H == 64 else None   # (DeepGEMM's figures: 64 heads)
         out.append({"op": "fp8_mqa_logits", "seq": seq, "kv": kv, "us": t, "tflops": tflops,
                     "deepgemm_us": anchor, "x_deepgemm": anchor / t if anchor else None,
                     "against_us": other[0] if other else None})
@@ -123,7 +123,7 @@ def bench_paged(flush, rows):
         in_bytes = q.numel() + weights.numel() * 4 + lens.numel() * 4 + sum_lens * (D + 4) + sum_lens / 64 * 4
         gbs = (in_bytes + sum_lens * next_n * 4) / t / 1e3
         tflops = 2 * sum_lens * next_n * H * D / t / 1e6
-        anchor = ANCHOR_PAGED.get((b, next_n, avg))
+        anchor = ANCHOR_PAGED.get((b, next_n, avg)) if H == 64 else None
         out.append({"op": "fp8_paged_mqa_logits", "batch": b, "next_n": next_n, "avg_ctx": avg, "us": t,
                     "gbs": gbs, "tflops": tflops, "metadata_us": t_meta, "deepgemm_us": anchor,
                     "x_deepgemm": anchor / t if anchor else None, "against_us": other[0] if other else None,
@@ -150,11 +150,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true", help="a few rows only")
+    ap.add_argument("--heads", type=int, default=64, help="query heads (DeepGEMM's figures are for 64)")
+    ap.add_argument("--only", choices=("logits", "paged"), help="one op's rows only")
     ap.add_argument("--arch", help="MLA_JIT_ARCH for mla_jit (sm_80, sm_86, sm_89: the mma.sync kernels)")
     ap.add_argument("--against-package", help="also time another copy of the package importable under this name "
                     "(scripts/prepare_prev.sh), interleaved call by call")
     args = ap.parse_args()
-    global AGAINST
+    global AGAINST, H
+    H = args.heads
     limit = None
     if args.arch:
         os.environ["MLA_JIT_ARCH"] = args.arch
@@ -168,6 +171,8 @@ def main():
     paged_rows = list(ANCHOR_PAGED)
     if args.quick:
         logits_rows, paged_rows = logits_rows[:3], paged_rows[:3]
+    if args.only:
+        logits_rows, paged_rows = (logits_rows, []) if args.only == "logits" else ([], paged_rows)
     results = bench_logits(flush, logits_rows) + bench_paged(flush, paged_rows)
     for r in results:
         r["arch"] = args.arch or "native"

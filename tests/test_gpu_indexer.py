@@ -93,6 +93,23 @@ def test_mqa_logits_large_not_cleaned(ranges, family):
     _check_close(got, ref, mag, ~torch.isneginf(ref))
 
 
+@pytest.mark.parametrize("h", [16, 32, 64])
+def test_mqa_logits_wide_dynamic_range(h, family):
+    """Heads and weights spread over 2^-12 .. 2^12 with both signs, some keys near zero: the Hopper
+    kernel's q' terms (relu's linear half on the tensor cores) keep the element bound."""
+    q, k, k_scale, w, ks, ke = _ragged_inputs(96, 640, h, 128, seed=h, ranges="random")
+    gen = torch.Generator(device="cuda").manual_seed(h + 1)
+    head_scale = torch.exp2(torch.randint(-6, 4, (96, h, 1), generator=gen, device="cuda").float())
+    q = (q.float() * head_scale).to(torch.float8_e4m3fn)
+    w = w * torch.exp2(torch.randint(-12, 13, (96, h), generator=gen, device="cuda").float())
+    k_scale = k_scale.clone()
+    k_scale[::5] *= 1e-6
+    got = mla_jit.fp8_mqa_logits(q, (k, k_scale), w, ks, ke)
+    ref, mag = mqa_logits_reference(q, k, k_scale, w, ks, ke)
+    assert torch.equal(torch.isneginf(got), torch.isneginf(ref))
+    _check_close(got, ref, mag, ~torch.isneginf(ref))
+
+
 def test_mqa_logits_compressed(family):
     q, k, k_scale, w, ks, ke = _ragged_inputs(200, 1000, 32, 128, seed=3, ranges="random")
     width = int((ke - ks).max())

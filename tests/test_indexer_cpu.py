@@ -41,6 +41,9 @@ def test_configs():
     assert logits_config(64, 128, SM90.tuning).unit_rows == 4
     with pytest.raises(mla_jit.InvalidArgumentError, match="heads"):
         LogitsConfig(48, 128)
+    with pytest.raises(mla_jit.InvalidArgumentError, match="linear_on_mma"):
+        LogitsConfig(16, 128, linear_on_mma=True)
+    assert logits_config(64, 128, SM90.tuning).linear_on_mma and not logits_config(16, 128, SM90.tuning).linear_on_mma
     with pytest.raises(mla_jit.InvalidArgumentError, match="next_n"):
         PagedConfig(64, 128, 5, 64)
     # Paged: three math warpgroups where a tile's columns allow (next_n x heads <= 128), and a stage
@@ -97,7 +100,8 @@ def test_expected_schedule():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg", [LogitsConfig(64, 128), LogitsConfig(8, 64), PagedConfig(64, 128, 1, 64, 12),
+@pytest.mark.parametrize("cfg", [LogitsConfig(64, 128, linear_on_mma=True), LogitsConfig(32, 64, linear_on_mma=True),
+                                 LogitsConfig(16, 128), LogitsConfig(8, 64), PagedConfig(64, 128, 1, 64, 12),
                                  PagedConfig(64, 128, 4, 32, 12), PagedConfig(8, 128, 3, 128, 12)],
                          ids=lambda c: registry.get("indexer_logits_sm90" if isinstance(c, LogitsConfig)
                                                     else "indexer_paged_sm90").kernel_name(c))
@@ -108,9 +112,9 @@ def test_sm90_kernels_compile_without_local_memory(cfg, cache_root, monkeypatch,
     report = binary.log.split(f"Function properties for {family.ENTRY}")[1].splitlines()[1]
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
     assert "C7514" not in binary.log, "ptxas serialized the wgmma pipeline"
-    if cfg == LogitsConfig(64, 128):
+    if cfg == LogitsConfig(64, 128, linear_on_mma=True):   # 128 head columns + 8 of q' terms
         sass = sass_of(binary.cubin, tmp_path)
-        assert "QGMMA.64x128x32.F32.E4M3.E4M3" in sass and "LDL" not in sass and "STL" not in sass
+        assert "QGMMA.64x136x32.F32.E4M3.E4M3" in sass and "LDL" not in sass and "STL" not in sass
         assert "UTMALDG.2D" in sass
 
 

@@ -29,13 +29,25 @@ def _smem(n_cols: int, head_dim: int, stages: int) -> int:
 
 @dataclass(frozen=True)
 class LogitsConfig:
-    """fp8_mqa_logits on sm_90a: q blocks of 256 / heads tokens, 64-key tiles through num_stages."""
+    """fp8_mqa_logits on sm_90a: q blocks of 256 / heads tokens, 64-key tiles through num_stages.
+    linear_on_mma: relu's linear half computed by the wgmma from 4 e4m3 terms of sum_h w_h q_h per
+    token (indexer/linear_terms.cuh), 512 / heads more wgmma columns, one FFMA a head in the epilogue."""
     heads: int
     head_dim: int
     num_stages: int = 8
+    linear_on_mma: bool = False
 
     def __post_init__(self):
-        check_fields(self, heads=INDEXER_HEADS, head_dim=INDEXER_HEAD_DIMS, num_stages=range(2, 17))
+        check_fields(self, heads=INDEXER_HEADS, head_dim=INDEXER_HEAD_DIMS, num_stages=range(2, 17),
+                     linear_on_mma=(False, True))
+        if self.linear_on_mma and self.heads < 32:   # (more q' columns than registers: spills)
+            from ..errors import InvalidArgumentError
+            raise InvalidArgumentError("LogitsConfig.linear_on_mma", "heads of 32 or 64", self.heads)
+
+    @property
+    def linear_cols(self) -> int:
+        """Extra wgmma columns of a math warpgroup's tile: 4 q' terms of each of its tokens."""
+        return 4 * LOGITS_N // self.heads if self.linear_on_mma else 0
 
     @property
     def unit_rows(self) -> int:
@@ -44,7 +56,8 @@ class LogitsConfig:
 
     @property
     def smem_bytes(self) -> int:
-        return _smem(2 * LOGITS_N, self.head_dim, self.num_stages)
+        tile = -(-(LOGITS_N + self.linear_cols) * self.head_dim // 1024) * 1024   # a 1024-aligned Q tile
+        return _smem(2 * LOGITS_N, self.head_dim, self.num_stages) + 4 * (tile - LOGITS_N * self.head_dim) + 1024
 
 
 @dataclass(frozen=True)
@@ -175,7 +188,9 @@ def paged_sm80_config(heads: int, head_dim: int, next_n: int, page_size: int, ar
 
 @functools.lru_cache(maxsize=None)
 def logits_config(heads: int, head_dim: int, arch: Arch) -> LogitsConfig:
-    return LogitsConfig(heads, head_dim)
+    # relu's linear half on the tensor cores with 64 heads (8 more wgmma columns: 1.03-1.13x on the
+    # H200); with 32 heads (16 more) it measured 0.98x, with 16 0.90-0.93x (bench/NOTES.md).
+    return LogitsConfig(heads, head_dim, linear_on_mma=heads == 64)
 
 
 @functools.lru_cache(maxsize=None)

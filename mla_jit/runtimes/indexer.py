@@ -42,7 +42,8 @@ class IndexerLogitsSm90Family(KernelFamily[LogitsConfig]):
         return (self.ENTRY,)
 
     def render_context(self, cfg: LogitsConfig, arch: ArchPair) -> dict[str, Any]:
-        return {"entry": self.ENTRY, "heads": cfg.heads, "head_dim": cfg.head_dim, "num_stages": cfg.num_stages}
+        return {"entry": self.ENTRY, "heads": cfg.heads, "head_dim": cfg.head_dim, "num_stages": cfg.num_stages,
+                "linear_on_mma": cfg.linear_on_mma}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[LogitsConfig]:
         return list(dict.fromkeys(logits_config(h, d, arch) for h, d, _ in _indexer_shapes(presets)))

@@ -80,8 +80,10 @@ __device__ __forceinline__ int paged_row_limit(const int* lens, int bi, int j, i
 // A warpgroup's 64 x N fp32 accumulator: element i of a thread sits at row
 // warp * 16 + lane / 4 + 8 * ((i / 2) % 2) and column (i / 4) * 8 + 2 * (lane % 4) + i % 2. The
 // N columns are Q query tokens of H heads each (column = q * H + h), H a multiple of 8, so each
-// 8-column group belongs to one token.
-template <int N, int H>
+// 8-column group belongs to one token. LIN > 0: relu's linear half comes from LIN more columns
+// (indexer/linear_terms.cuh: token t's four q' terms in columns N + 4 t .. N + 4 t + 3), the head
+// weights are halved and the heads' columns enter as |x|.
+template <int N, int H, int LIN = 0>
 struct HeadSum {
   static_assert(H % 8 == 0 && N % H == 0, "head count: a multiple of 8 dividing N");
   static constexpr int Q = N / H;                    // query tokens in the tile
@@ -90,6 +92,17 @@ struct HeadSum {
   // Values a lane holds after the sum: tokens q = 2 m + ((lane >> 1) & 1) (Q > 1), or token 0
   // (Q == 1, lanes with bit 1 clear hold it), each at row half (lane & 1).
   static constexpr int kOut = Q == 1 ? 1 : kQEven / 2;
+  // The linear columns: per 8-column group g (tokens 2 g, 2 g + 1), a thread's two columns, each
+  // weighted into both tokens (its scale for the token it belongs to, 0 for the other).
+  static_assert(LIN % 8 == 0 && LIN / 8 <= (Q + 1) / 2, "linear columns: 4 a token, whole groups");
+  static constexpr int kLinWeights = LIN / 2;
+  static constexpr int kAcc = (N + LIN) / 2;         // accumulator values a thread holds
+
+  // Linear weight k of this thread (k = 4 g + 2 column + token): from scales[4 t + j] (s_j / 2).
+  static __device__ __forceinline__ float lin_weight(int k, int lane, const float* scales) {
+    const int g = k / 4, col = 2 * (lane % 4) + (k / 2) % 2, tok = k % 2;
+    return tok == col / 4 ? scales[4 * (2 * g + tok) + col % 4] : 0.f;
+  }
 
   // Weight of accumulator element i's column, as index into the thread's kWeights.
   static __device__ __forceinline__ constexpr int weight_index(int i) { return (i / 4) * 2 + i % 2; }
@@ -108,13 +121,28 @@ struct HeadSum {
   template <typename Acc>
   static __device__ __forceinline__ void run(const Acc& acc, const float (&w)[kWeights], const float (&scale)[2],
                                              float (&out)[kOut], int lane) {
+    static_assert(LIN == 0, "the linear columns need their weights");
+    run(acc, w, nullptr, scale, out, lane);
+  }
+
+  // wl: kLinWeights linear weights (LIN > 0; lin_weight).
+  template <typename Acc>
+  static __device__ __forceinline__ void run(const Acc& acc, const float (&w)[kWeights], const float* wl,
+                                             const float (&scale)[2], float (&out)[kOut], int lane) {
     float part[kQEven][2];
 #pragma unroll
     for (int q = 0; q < kQEven; ++q) part[q][0] = part[q][1] = 0.f;
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) {
       const int q = ((i / 4) * 8) / H;
-      part[q][(i / 2) % 2] = fmaf(fmaxf(acc(i), 0.f), w[weight_index(i)], part[q][(i / 2) % 2]);
+      const float x = LIN > 0 ? fabsf(acc(i)) : fmaxf(acc(i), 0.f);
+      part[q][(i / 2) % 2] = fmaf(x, w[weight_index(i)], part[q][(i / 2) % 2]);
+    }
+#pragma unroll
+    for (int i = 0; i < LIN / 2; ++i) {   // group g = i / 4: value i % 2's column, row half (i / 2) % 2
+      const int g = i / 4, h = (i / 2) % 2, k = 4 * g + 2 * (i % 2);
+      part[2 * g][h] = fmaf(acc(N / 2 + i), wl[k], part[2 * g][h]);
+      if (2 * g + 1 < kQEven) part[2 * g + 1][h] = fmaf(acc(N / 2 + i), wl[k + 1], part[2 * g + 1][h]);
     }
     const bool odd = lane & 1;
     float half[kQEven];   // reduce-scatter over lane bit 0: keep row half (lane & 1)

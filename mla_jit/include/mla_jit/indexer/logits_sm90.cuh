@@ -2,7 +2,8 @@
 //   logits[i, j] = sum_h relu(q[i, h] . k[j]) * weights[i, h] * k_scale[j]   for j in [ks[i], ke[i]).
 //
 // Work units: a q block (UNIT_Q = 256 / H query rows: two halves of BLOCK_Q = 128 / H rows, so
-// each math warpgroup's wgmma N is BLOCK_Q * H = 128) times a chunk of chunk_keys keys; unit u =
+// each math warpgroup's wgmma N is BLOCK_Q * H = 128, plus 4 BLOCK_Q columns of q' terms with
+// LINEAR: linear_terms.cuh) times a chunk of chunk_keys keys; unit u =
 // q block u / num_chunks, chunk u % num_chunks, dealt to the persistent CTAs (grid <= SMs) in
 // snake order (work.cuh: cta_unit). A unit visits the 64-key tiles of its chunk that some row of
 // its q block sees ([min ks, max ke) of the block, from a 64-aligned start).
@@ -17,7 +18,9 @@
 //   warpgroups 1, 2 (math): warpgroup w scores its half of the q block's rows against every tile
 //     (both read each K tile: half the K traffic of one q half per CTA). Each keeps two
 //     accumulators: the wgmma of its next tile runs while the epilogue of the current one (relu,
-//     head weights, sum over heads, k_scale; indexer/common.cuh) runs on the CUDA cores.
+//     head weights, sum over heads, k_scale; indexer/common.cuh) runs on the CUDA cores. With
+//     LINEAR each builds its tile's q' rows at the unit's start (about 3% of a 64-tile unit;
+//     built during the previous unit's last wgmmas instead, it measured no faster).
 //
 // Barriers (stage s of the CTA's g-th tile: g % NUM_STAGES, phase (g / NUM_STAGES) & 1):
 //   q_full[x] (1 + tx) / q_empty[x] (2: one thread of each math warpgroup) for the unit's Q slot
@@ -33,6 +36,7 @@
 #include "mla_jit/common/sm90.cuh"
 #include "mla_jit/common/sm90_fragment.cuh"
 #include "common.cuh"
+#include "linear_terms.cuh"
 #include "work.cuh"
 
 namespace mla_jit {
@@ -104,26 +108,36 @@ struct ScoreMma {
   }
 };
 
-template <int H_, int D_, int NUM_STAGES_>
+// LINEAR: relu's linear half on the tensor cores (linear_terms.cuh): each math warpgroup's Q tile
+// gets 4 BLOCK_Q rows of q' terms after its N head rows, and the wgmma N grows by as much.
+template <int H_, int D_, int NUM_STAGES_, bool LINEAR_>
 struct LogitsSm90Config {
   static constexpr int H = H_, D = D_, NUM_STAGES = NUM_STAGES_;
-  static constexpr int N = 128;              // wgmma N: BLOCK_Q tokens x H heads
+  static constexpr bool LINEAR = LINEAR_;
+  static constexpr int N = 128;              // BLOCK_Q tokens x H heads
   static constexpr int BLOCK_Q = N / H;      // rows of one math warpgroup
   static constexpr int UNIT_Q = 2 * BLOCK_Q;  // rows of a work unit
   static constexpr int NUM_THREADS = 384;
   static_assert(H == 8 || H == 16 || H == 32 || H == 64, "heads: 8, 16, 32 or 64");
   static_assert(D == 64 || D == 128, "head dim: 64 or 128");
-  using Mma = ScoreMma<D, N>;
+  using Lin = LinearTerms<H, D, BLOCK_Q>;
+  static constexpr int kLinCols = LINEAR ? Lin::kCols : 0;
+  static constexpr int NT = N + kLinCols;    // wgmma N
+  static_assert(NT <= 256, "one wgmma N");
+  static constexpr int kQTile = (NT * D + 1023) / 1024 * 1024;   // each tile 1024-byte aligned (swizzle)
+  using Mma = ScoreMma<D, NT>;
   using Fp8 = typename Mma::Fp8;
-  using Sum = HeadSum<N, H>;
+  using Sum = HeadSum<N, H, kLinCols>;
 
   struct SharedStorage {
-    alignas(1024) Fp8 q[2][2][N * D];    // [slot][math warpgroup]
+    alignas(1024) Fp8 q[2][2][kQTile];    // [slot][math warpgroup]: N head rows (TMA), kLinCols q' rows
     alignas(1024) Fp8 k[NUM_STAGES][kTileKeys * D];
     // (TMA destinations: 128-byte aligned, each slot a multiple of 128 bytes)
     alignas(128) float scale[NUM_STAGES][kTileKeys];
     alignas(128) float weights[2][2 * N];
     int ks[2][UNIT_Q], ke[2][UNIT_Q];    // the unit's rows' key ranges (written by the producer)
+    float lin_scale[2][2][LINEAR ? Lin::kCols : 1];   // [slot][math warpgroup]: s_j / 2 of column 4 t + j
+    float lin_red[2][4 * Lin::kPairsPerThread];       // [math warpgroup]: Lin::build's scratch
     alignas(8) uint64_t q_full[2], q_empty[2];
     uint64_t k_full[NUM_STAGES], k_empty[NUM_STAGES];
   };
@@ -197,6 +211,7 @@ struct MathUnit {
   static constexpr bool kRowsInRegs = Sum::kOut <= 2;
   static constexpr int kRows = kRowsInRegs ? Sum::kOut : 1;
   float w[Sum::kWeights];
+  float wl[Sum::kLinWeights > 0 ? Sum::kLinWeights : 1];
   float* dst[kRows];
   int rel[kRows], len[kRows];
   int x, wg;
@@ -220,8 +235,12 @@ __device__ __forceinline__ void load_math_unit(const typename Cfg::SharedStorage
                                                const Unit& w, int x, int wg, int warp, int lane, MathUnit<Cfg>& mu) {
   using Sum = typename Cfg::Sum;
   static_assert(Sum::Q == Cfg::BLOCK_Q && Sum::Q % 2 == 0, "every lane owns its values");
+  constexpr float kHeadFactor = Cfg::LINEAR ? 0.5f : 1.f;   // (x + |x|) / 2
 #pragma unroll
-  for (int i = 0; i < Sum::kWeights; ++i) mu.w[i] = ss.weights[x][wg * Cfg::N + Sum::weight_column(i, lane)];
+  for (int i = 0; i < Sum::kWeights; ++i)
+    mu.w[i] = kHeadFactor * ss.weights[x][wg * Cfg::N + Sum::weight_column(i, lane)];
+#pragma unroll
+  for (int i = 0; i < Sum::kLinWeights; ++i) mu.wl[i] = Sum::lin_weight(i, lane, ss.lin_scale[x][wg]);
   mu.x = x;
   mu.wg = wg;
   const int key = w.t0 + warp * 16 + lane / 4 + 8 * Sum::out_half(lane);   // the lane's key in tile 0
@@ -252,7 +271,7 @@ __device__ __forceinline__ void finish_tile(typename Cfg::SharedStorage& ss, con
   __syncwarp();
   if (lane == 0) mbarrier_arrive(&ss.k_empty[s]);
   float out[Sum::kOut];
-  Sum::run(acc, mu.w, scale, out, lane);
+  Sum::run(acc, mu.w, mu.wl, scale, out, lane);
 #pragma unroll
   for (int m = 0; m < Sum::kOut; ++m) {
     float* dst;
@@ -298,6 +317,10 @@ __device__ __forceinline__ void math(typename Cfg::SharedStorage& ss, const Logi
     if (w.n_tiles == 0) continue;
     const int x = q_iter & 1;
     mbarrier_wait(&ss.q_full[x], (q_iter >> 1) & 1);
+    if constexpr (Cfg::LINEAR) {   // this warpgroup's q' rows (named barrier 1 + wg)
+      Cfg::Lin::build(reinterpret_cast<uint8_t*>(ss.q[x][wg]), &ss.weights[x][wg * Cfg::N], ss.lin_scale[x][wg],
+                      ss.lin_red[wg], tw, 1 + wg);
+    }
     load_math_unit<Cfg>(ss, p, w, x, wg, warp, lane, mu);
     // Every tile of the unit, two in flight: acc0 holds tiles i (even), acc1 tiles i + 1. One
     // group (acc0's) is pending at the loop head on every path, so ptxas keeps the wgmma async.
