@@ -97,7 +97,7 @@ class LogitsPlan:
             return
         unit_rows = self.cfg.unit_rows
         num_q_blocks = -(-m // unit_rows)
-        chunk = logits_chunk_keys(n, num_q_blocks, self.num_sms)
+        chunk = logits_chunk_keys(n, num_q_blocks, self.num_sms, self.cfg.min_chunk_keys)
         num_chunks = -(-n // chunk)
         grid = min(num_q_blocks * num_chunks, self.num_sms)
         base = (ks.data_ptr(), ke.data_ptr(), logits.data_ptr(), logits.stride(0), m, n, num_q_blocks, num_chunks,
