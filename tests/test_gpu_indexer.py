@@ -93,6 +93,18 @@ def test_mqa_logits_large_not_cleaned(ranges, family):
     _check_close(got, ref, mag, ~torch.isneginf(ref))
 
 
+@pytest.mark.parametrize("ranges", ["causal", "random"])
+def test_mqa_logits_keys_over_several_units(ranges, family):
+    """More keys than a work unit holds (16384 on sm_90a, 4096 on mma.sync): q blocks cut into chunks,
+    the clean pass's columns between and after the chunks' tiles."""
+    q, k, k_scale, w, ks, ke = _ragged_inputs(96, 40000, 64, 128, seed=11, ranges=ranges)
+    _poison_allocator()
+    got = mla_jit.fp8_mqa_logits(q, (k, k_scale), w, ks, ke)
+    ref, mag = mqa_logits_reference(q, k, k_scale, w, ks, ke)
+    assert torch.equal(torch.isneginf(got), torch.isneginf(ref)), "-inf outside [ks, ke) exactly"
+    _check_close(got, ref, mag, ~torch.isneginf(ref))
+
+
 @pytest.mark.parametrize("h", [16, 32, 64])
 def test_mqa_logits_wide_dynamic_range(h, family):
     """Heads and weights spread over 2^-12 .. 2^12 with both signs, some keys near zero: the Hopper

@@ -59,7 +59,7 @@ def test_configs():
         PagedConfig(64, 128, 4, 64, 7, 2)
     # Units: at least 4096 keys; about 64 an SM when there is that much work.
     assert logits_chunk_keys(4096, 1024, 132) == 4096
-    assert logits_chunk_keys(4096, 1024, 132, logits_config(64, 128, SM90.tuning).min_chunk_keys) == 8192
+    assert logits_chunk_keys(4096, 1024, 132, logits_config(64, 128, SM90.tuning).min_chunk_keys) == 16384
     assert logits_chunk_keys(131072, 512, 132) == 7936
 
 

@@ -56,10 +56,11 @@ class LogitsConfig:
 
     @property
     def min_chunk_keys(self) -> int:
-        """Fewest keys of a work unit (logits_chunk_keys): a unit's start (its Q, q' rows, first
-        wgmma) and drain cost a few % of a 64-tile unit; 8192 measured 1.04-1.07x 4096 on the
-        benchmark's mid rows on the H200, the same on the others."""
-        return 8192
+        """Fewest keys of a work unit (logits_chunk_keys): both math warpgroups reach a unit's end
+        together, so the tensor cores drain there, and its start (Q, q' rows, first wgmma) adds to
+        it. On the H200, interleaved: 8192 keys 1.04-1.07x 4096 on the benchmark's mid rows, 16384
+        1.036-1.082x 8192 on the long ones (kv 32768, 131072), the others within 1%."""
+        return 16384
 
     @property
     def smem_bytes(self) -> int:
