@@ -61,6 +61,10 @@ def test_configs():
     assert logits_chunk_keys(4096, 1024, 132) == 4096
     assert logits_chunk_keys(4096, 1024, 132, logits_config(64, 128, SM90.tuning).min_chunk_keys) == 16384
     assert logits_chunk_keys(131072, 512, 132) == 7936
+    # sm_90a: 16384 keys, halved while that leaves fewer than two units an SM.
+    assert logits_chunk_keys(32768, 512, 132, 16384) == 16384
+    assert logits_chunk_keys(131072, 8, 132, 16384) == 4096      # 8 q blocks: 256 units, not 64
+    assert logits_chunk_keys(131072, 24, 132, 16384) == 8192     # 384 units, not 192
 
 
 def test_references_against_naive_loops():

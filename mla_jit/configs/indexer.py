@@ -222,7 +222,13 @@ def paged_config(heads: int, head_dim: int, next_n: int, page_size: int, arch: A
 
 
 def logits_chunk_keys(n_keys: int, num_q_blocks: int, num_sms: int, min_keys: int = 4096) -> int:
-    """Keys per work unit of fp8_mqa_logits: at least min_keys (few unit overheads), and fine enough
-    that each SM gets about 64 units (the static snake order balances to about 1/64)."""
-    per_unit = n_keys * num_q_blocks // (64 * max(num_sms, 1))
-    return max(min_keys, per_unit // TILE_KEYS * TILE_KEYS)
+    """Keys per work unit of fp8_mqa_logits: at least min_keys (few unit overheads) but halved, down
+    to 4096, while that leaves fewer than two units an SM (few query rows over many keys would
+    otherwise leave SMs idle), and fine enough that each SM gets about 64 units (the static snake
+    order balances to about 1/64)."""
+    sms = max(num_sms, 1)
+    per_unit = n_keys * num_q_blocks // (64 * sms)
+    floor = min_keys
+    while floor > 4096 and num_q_blocks * -(-n_keys // floor) < 2 * sms:
+        floor //= 2
+    return max(floor, per_unit // TILE_KEYS * TILE_KEYS)
