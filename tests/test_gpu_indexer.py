@@ -93,11 +93,13 @@ def test_mqa_logits_large_not_cleaned(ranges, family):
     _check_close(got, ref, mag, ~torch.isneginf(ref))
 
 
+@pytest.mark.parametrize("rows", [96, 224, 352])
 @pytest.mark.parametrize("ranges", ["causal", "random"])
-def test_mqa_logits_keys_over_several_units(ranges, family):
-    """More keys than a work unit holds (16384 on sm_90a, 4096 on mma.sync): q blocks cut into chunks,
-    the clean pass's columns between and after the chunks' tiles."""
-    q, k, k_scale, w, ks, ke = _ragged_inputs(96, 40000, 64, 128, seed=11, ranges=ranges)
+def test_mqa_logits_keys_over_several_units(rows, ranges, family):
+    """More keys than a work unit holds: q blocks cut into chunks, the clean pass's columns between
+    and after the chunks' tiles. On sm_90a 96 / 224 / 352 rows over 40000 keys get units of 4096 /
+    8192 / 16384 keys (logits_chunk_keys); the mma.sync kernels 4096."""
+    q, k, k_scale, w, ks, ke = _ragged_inputs(rows, 40000, 64, 128, seed=11, ranges=ranges)
     _poison_allocator()
     got = mla_jit.fp8_mqa_logits(q, (k, k_scale), w, ks, ke)
     ref, mag = mqa_logits_reference(q, k, k_scale, w, ks, ke)
@@ -107,13 +109,15 @@ def test_mqa_logits_keys_over_several_units(ranges, family):
 
 @pytest.mark.parametrize("h", [16, 32, 64])
 def test_mqa_logits_wide_dynamic_range(h, family):
-    """Heads and weights spread over 2^-12 .. 2^12 with both signs, some keys near zero: the Hopper
-    kernel's q' terms (relu's linear half on the tensor cores) keep the element bound."""
+    """Heads and weights spread over 2^-12 .. 2^12 with both signs, some keys near zero, a q block of
+    weights near 1e-36: the Hopper kernel's q' terms (relu's linear half on the tensor cores, 64
+    heads) keep the element bound."""
     q, k, k_scale, w, ks, ke = _ragged_inputs(96, 640, h, 128, seed=h, ranges="random")
     gen = torch.Generator(device="cuda").manual_seed(h + 1)
     head_scale = torch.exp2(torch.randint(-6, 4, (96, h, 1), generator=gen, device="cuda").float())
     q = (q.float() * head_scale).to(torch.float8_e4m3fn)
     w = w * torch.exp2(torch.randint(-12, 13, (96, h), generator=gen, device="cuda").float())
+    w[:4] *= 1e-36   # a q' of ~1e-33: its terms' scales would overflow to inf (NaN terms) unguarded
     k_scale = k_scale.clone()
     k_scale[::5] *= 1e-6
     got = mla_jit.fp8_mqa_logits(q, (k, k_scale), w, ks, ke)

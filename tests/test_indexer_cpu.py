@@ -57,7 +57,7 @@ def test_configs():
         PagedConfig(64, 128, 1, 64, 16, 3)
     with pytest.raises(mla_jit.InvalidArgumentError, match="num_stages"):
         PagedConfig(64, 128, 4, 64, 7, 2)
-    # Units: at least 4096 keys; about 64 an SM when there is that much work.
+    # Units: at least min_keys (4096 unless given); about 64 an SM when there is that much work.
     assert logits_chunk_keys(4096, 1024, 132) == 4096
     assert logits_chunk_keys(4096, 1024, 132, logits_config(64, 128, SM90.tuning).min_chunk_keys) == 16384
     assert logits_chunk_keys(131072, 512, 132) == 7936
@@ -65,6 +65,10 @@ def test_configs():
     assert logits_chunk_keys(32768, 512, 132, 16384) == 16384
     assert logits_chunk_keys(131072, 8, 132, 16384) == 4096      # 8 q blocks: 256 units, not 64
     assert logits_chunk_keys(131072, 24, 132, 16384) == 8192     # 384 units, not 192
+    assert logits_chunk_keys(40000, 88, 132, 16384) == 16384     # (the GPU test's shapes)
+    assert logits_chunk_keys(40000, 56, 132, 16384) == 8192
+    assert logits_chunk_keys(40000, 8, 132, 12288) == 4096       # halving stays on 64-key tiles, >= 4096
+    assert logits_chunk_keys(40000, 8, 132, 16448) % 64 == 0
 
 
 def test_references_against_naive_loops():

@@ -230,5 +230,5 @@ def logits_chunk_keys(n_keys: int, num_q_blocks: int, num_sms: int, min_keys: in
     per_unit = n_keys * num_q_blocks // (64 * sms)
     floor = min_keys
     while floor > 4096 and num_q_blocks * -(-n_keys // floor) < 2 * sms:
-        floor //= 2
+        floor = max(4096, floor // 2 // TILE_KEYS * TILE_KEYS)
     return max(floor, per_unit // TILE_KEYS * TILE_KEYS)

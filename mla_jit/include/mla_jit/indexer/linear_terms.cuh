@@ -6,7 +6,7 @@
 // q' is written as kTerms e4m3 rows with scales s_0 = amax |q'| / 448, s_{j+1} = s_j / kStep, each
 // row the rounding of what the rows before it left: e4m3 rounding leaves at most 16 s_j (half a unit
 // in [256, 448]), which s_{j+1} = s_j / 28 maps back to 448, so nothing saturates and four terms
-// hold q' to 16 s_3 = amax |q'| * 1.6e-6. The rows are kCols extra wgmma N columns after the
+// hold q' to 16 s_3, about 1.7e-6 amax |q'| with the scales' float32 rounding. The rows are kCols extra wgmma N columns after the
 // heads' (token t's term j in column N + 4 t + j), so one wgmma computes every x_h and the four
 // q'_j . k, and the epilogue needs one FFMA per head (on |x_h|, an operand modifier) instead of
 // FMNMX + FFMA: relu on the ALU pipe at half rate set the period of the fp8_mqa_logits loop.
@@ -104,8 +104,11 @@ struct LinearTerms {
     for (int i = 0; i < kPairsPerThread; ++i) {   // term j: the rounding of what terms 0 .. j - 1 left
       const int p = tw + kThreads * i, t = p / (D / 2), d = 2 * (p % (D / 2));
       if (p >= kPairs) continue;
-      float s = amax[i] * (1.f / 448.f);
-      float inv = amax[i] > 0.f ? 448.f / amax[i] : 0.f;
+      // A q' below 1e-30 is taken as zero (its linear part lies far under the tests' absolute
+      // bound): 448 * 28^3 / amax would overflow, and 0 * inf put NaN into the terms.
+      const float a = amax[i] >= 1e-30f ? amax[i] : 0.f;
+      float s = a * (1.f / 448.f);
+      float inv = a > 0.f ? 448.f / a : 0.f;
       float2 r = v[i];
 #pragma unroll
       for (int j = 0; j < kTerms; ++j) {
