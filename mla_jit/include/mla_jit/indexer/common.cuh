@@ -96,7 +96,6 @@ struct HeadSum {
   // weighted into both tokens (its scale for the token it belongs to, 0 for the other).
   static_assert(LIN % 8 == 0 && LIN / 8 <= (Q + 1) / 2, "linear columns: 4 a token, whole groups");
   static constexpr int kLinWeights = LIN / 2;
-  static constexpr int kAcc = (N + LIN) / 2;         // accumulator values a thread holds
 
   // Linear weight k of this thread (k = 4 g + 2 column + token): from scales[4 t + j] (s_j / 2).
   static __device__ __forceinline__ float lin_weight(int k, int lane, const float* scales) {

@@ -6,15 +6,17 @@
 // q' is written as kTerms e4m3 rows with scales s_0 = amax |q'| / 448, s_{j+1} = s_j / kStep, each
 // row the rounding of what the rows before it left: e4m3 rounding leaves at most 16 s_j (half a unit
 // in [256, 448]), which s_{j+1} = s_j / 28 maps back to 448, so nothing saturates and four terms
-// hold q' to 16 s_3, about 1.7e-6 amax |q'| with the scales' float32 rounding. The rows are kCols extra wgmma N columns after the
-// heads' (token t's term j in column N + 4 t + j), so one wgmma computes every x_h and the four
-// q'_j . k, and the epilogue needs one FFMA per head (on |x_h|, an operand modifier) instead of
-// FMNMX + FFMA: relu on the ALU pipe at half rate set the period of the fp8_mqa_logits loop.
+// hold q' to 16 s_3, about 1.7e-6 amax |q'| with the scales' float32 rounding. The rows are kCols
+// extra wgmma N columns after the heads' (token t's term j in column N + 4 t + j), so one wgmma
+// computes every x_h and the four q'_j . k, and the epilogue needs one FFMA per head (on |x_h|, an
+// operand modifier) instead of FMNMX + FFMA: relu on the ALU pipe at half rate set the period of
+// the fp8_mqa_logits loop.
 #pragma once
 
 #include <cuda/std/cstdint>
 
 #include "mla_jit/common/sm90.cuh"
+#include "mla_jit/common/sm90_fragment.cuh"
 
 namespace mla_jit {
 namespace indexer {
@@ -39,21 +41,6 @@ struct LinearTerms {
     } else {
       return n * 64 + (d ^ (((n >> 1) & 3) << 4));
     }
-  }
-
-  static __device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t v) {
-    uint32_t h;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(v));
-    float2 f;
-    asm("{ .reg .f16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.f32.f16 %0, lo;\n cvt.f32.f16 %1, hi; }"
-        : "=f"(f.x), "=f"(f.y) : "r"(h));
-    return f;
-  }
-  // (a, b) -> e4m3 pair, a in the low byte; saturating (only fp32 rounding can pass 448).
-  static __device__ __forceinline__ uint16_t float2_to_e4m3x2(float a, float b) {
-    uint16_t v;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(v) : "f"(b), "f"(a));
-    return v;
   }
 
   // Called by the warpgroup's 128 threads (tw) once Q (TOKENS x H rows of the tile, token t's head h
@@ -112,7 +99,7 @@ struct LinearTerms {
       float2 r = v[i];
 #pragma unroll
       for (int j = 0; j < kTerms; ++j) {
-        const uint16_t e = float2_to_e4m3x2(r.x * inv, r.y * inv);
+        const uint16_t e = pack_e4m3x2(r.x * inv, r.y * inv);   // (saturating: only fp32 rounding passes 448)
         *reinterpret_cast<uint16_t*>(tile + offset(H * TOKENS + kTerms * t + j, d)) = e;
         if (d == 0) scale_out[kTerms * t + j] = 0.5f * s;
         const float2 back = e4m3x2_to_float2(e);

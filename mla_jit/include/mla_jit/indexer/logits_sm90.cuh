@@ -19,8 +19,8 @@
 //     (both read each K tile: half the K traffic of one q half per CTA). Each keeps two
 //     accumulators: the wgmma of its next tile runs while the epilogue of the current one (relu,
 //     head weights, sum over heads, k_scale; indexer/common.cuh) runs on the CUDA cores. With
-//     LINEAR each builds its tile's q' rows at the unit's start (about 3% of a 64-tile unit;
-//     built during the previous unit's last wgmmas instead, it measured no faster).
+//     LINEAR each builds its tile's q' rows at the unit's start (a few hundred instructions a
+//     thread; built during the previous unit's last wgmmas instead, it measured no faster).
 //
 // Barriers (stage s of the CTA's g-th tile: g % NUM_STAGES, phase (g / NUM_STAGES) & 1):
 //   q_full[x] (1 + tx) / q_empty[x] (2: one thread of each math warpgroup) for the unit's Q slot
