@@ -46,17 +46,20 @@ def test_configs():
     assert logits_config(64, 128, SM90.tuning).linear_on_mma and not logits_config(16, 128, SM90.tuning).linear_on_mma
     with pytest.raises(mla_jit.InvalidArgumentError, match="next_n"):
         PagedConfig(64, 128, 5, 64)
-    # Paged: three math warpgroups where a tile's columns allow (next_n x heads <= 128), and a stage
-    # count they divide (each stage serves one warpgroup; 16 stages with 3 hung on the H200).
+    # Paged: three math warpgroups where a tile's columns allow (next_n x heads <= 128), two load warps,
+    # and a stage count both divide (each stage serves one warpgroup and is filled by one load warp;
+    # 16 stages with 3 math warpgroups hung on the H200).
     for h in INDEXER_HEADS:
         for next_n in (1, 2, 3, 4):
             cfg = paged_config(h, 128, next_n, 64, SM90.tuning)
             assert cfg.math_warpgroups == (3 if next_n * h <= 128 else 2)
-            assert cfg.num_stages % cfg.math_warpgroups == 0
+            assert cfg.load_warps == 2 and cfg.num_stages % cfg.math_warpgroups == 0 == cfg.num_stages % cfg.load_warps
     with pytest.raises(mla_jit.InvalidArgumentError, match="num_stages"):
         PagedConfig(64, 128, 1, 64, 16, 3)
     with pytest.raises(mla_jit.InvalidArgumentError, match="num_stages"):
         PagedConfig(64, 128, 4, 64, 7, 2)
+    with pytest.raises(mla_jit.InvalidArgumentError, match="load_warps"):
+        PagedConfig(64, 128, 1, 64, 9, 3, 2)
     # Units: at least min_keys (4096 unless given); about 64 an SM when there is that much work.
     assert logits_chunk_keys(4096, 1024, 132) == 4096
     assert logits_chunk_keys(4096, 1024, 132, logits_config(64, 128, SM90.tuning).min_chunk_keys) == 16384

@@ -4,6 +4,7 @@ arch. Lengths, batch and key counts are runtime values."""
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from ..jit.arch import Arch
@@ -77,14 +78,18 @@ class PagedConfig:
     page_size: int
     num_stages: int = 10
     math_warpgroups: int = 2   # taking the CTA's tiles in turn (paged_logits_sm90.cuh)
+    load_warps: int = 2        # issuing the CTA's tiles' loads in turn
 
     def __post_init__(self):
         check_fields(self, heads=INDEXER_HEADS, head_dim=INDEXER_HEAD_DIMS, next_n=range(1, INDEXER_MAX_NEXT_N + 1),
-                     page_size=INDEXER_PAGE_SIZES, num_stages=range(2, 17), math_warpgroups=(2, 3))
-        if self.num_stages % self.math_warpgroups:   # each stage serves one warpgroup (paged_logits_sm90.cuh)
+                     page_size=INDEXER_PAGE_SIZES, num_stages=range(2, 17), math_warpgroups=(2, 3),
+                     load_warps=(1, 2, 3))
+        # Each stage serves one math warpgroup and is filled by one load warp (paged_logits_sm90.cuh).
+        if self.num_stages % math.lcm(self.math_warpgroups, self.load_warps):
             from ..errors import InvalidArgumentError
             raise InvalidArgumentError("PagedConfig.num_stages", f"a multiple of math_warpgroups "
-                                       f"({self.math_warpgroups})", self.num_stages)
+                                       f"({self.math_warpgroups}) and load_warps ({self.load_warps})",
+                                       self.num_stages)
 
     @property
     def num_threads(self) -> int:
@@ -211,11 +216,12 @@ def paged_config(heads: int, head_dim: int, next_n: int, page_size: int, arch: A
     # The deepest key ring that fits beside the two Q slots (memory-bound: tiles in flight). Three
     # math warpgroups where a tile's accumulator and weights fit their 152 registers (next_n x heads
     # <= 128), else two.
-    math_wgs = 3 if next_n * heads <= 128 else 2
+    # Two load warps: one alone issues a tile about as fast as DRAM serves them.
+    math_wgs, load_warps = (3 if next_n * heads <= 128 else 2), 2
     for stages in (12, 10, 9, 8, 6):
-        if stages % math_wgs:   # each stage serves one math warpgroup
+        if stages % math.lcm(math_wgs, load_warps):   # each stage: one math warpgroup, one load warp
             continue
-        cfg = PagedConfig(heads, head_dim, next_n, page_size, stages, math_wgs)
+        cfg = PagedConfig(heads, head_dim, next_n, page_size, stages, math_wgs, load_warps)
         if cfg.smem_bytes <= SMEM_LIMIT:
             return cfg
     raise AssertionError("no paged indexer config fits")   # (6 stages fit every shape)

@@ -36,35 +36,44 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// The uint32_t forms take shared-memory addresses (smem_addr) computed once outside a hot loop: the
+// conversion from a generic pointer costs an S2R and a few ALU instructions a use.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
+  mbarrier_arrive_expect_tx(smem_addr(bar), bytes);
 }
 
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) {
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t phase) {
   asm volatile(
       "{\n"
       ".reg .pred done;\n"
       "wait_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra wait_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
+      "}\n" ::"r"(bar),
       "r"(phase)
       : "memory");
 }
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) { mbarrier_wait(smem_addr(bar), phase); }
 
 // 2D tiled TMA load of box (c0, c1) (innermost coordinate first) into shared memory.
-__device__ __forceinline__ void tma_load_2d(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar,
+__device__ __forceinline__ void tma_load_2d(uint32_t smem_dst, const TmaDescriptor* desc, uint32_t bar,
                                             int32_t c0, int32_t c1) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_addr(smem_dst)),
-      "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
+      " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_dst),
+      "l"(reinterpret_cast<uint64_t>(desc)), "r"(bar), "r"(c0), "r"(c1)
       : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar,
+                                            int32_t c0, int32_t c1) {
+  tma_load_2d(smem_addr(smem_dst), desc, smem_addr(bar), c0, c1);
 }
 
 // Bulk copy (the TMA engine, no tensor map) of `bytes` (a multiple of 16; both addresses 16-byte
@@ -104,13 +113,17 @@ __device__ __forceinline__ void tma_load_2d_hint(void* smem_dst, const TmaDescri
 
 // 3D tiled TMA load of box (c0, c1, c2) (innermost coordinate first) into shared memory, with an
 // L2 cache-hint policy.
-__device__ __forceinline__ void tma_load_3d_hint(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar,
+__device__ __forceinline__ void tma_load_3d_hint(uint32_t smem_dst, const TmaDescriptor* desc, uint32_t bar,
                                                  int32_t c0, int32_t c1, int32_t c2, uint64_t policy) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(smem_addr(smem_dst)),
-      "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(smem_dst),
+      "l"(reinterpret_cast<uint64_t>(desc)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
       : "memory");
+}
+__device__ __forceinline__ void tma_load_3d_hint(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar,
+                                                 int32_t c0, int32_t c1, int32_t c2, uint64_t policy) {
+  tma_load_3d_hint(smem_addr(smem_dst), desc, smem_addr(bar), c0, c1, c2, policy);
 }
 
 // tma_load_3d_hint, multicast: the box lands at the same smem offset in every CTA of the cluster

@@ -147,6 +147,7 @@ struct LogitsSm90Config {
   // setmaxnreg: 128 x (40 + 2 x 232) = 64512 <= 65536.
   static constexpr int kRegsProducer = 40;
   static constexpr int kRegsMath = 232;
+  static constexpr int kLoadWarps = 1;
 };
 
 namespace detail {
@@ -385,7 +386,8 @@ __device__ __forceinline__ typename Cfg::SharedStorage& init_shared(const TmaDes
   return ss;
 }
 
-// Both kernels' roles: warp 0 loads, warps 1-3 clean (lane, lanes), warpgroups 1.. compute (wg).
+// Both kernels' roles: warps 0 .. kLoadWarps - 1 load (load warp), the producer warpgroup's other
+// warps clean (lane, lanes), warpgroups 1.. compute (wg).
 template <typename Cfg, typename Load, typename Clean, typename Math>
 __device__ __forceinline__ void run_roles(Load&& load, Clean&& clean, Math&& math) {
   // setmaxnreg.inc waits for registers the CTA's other warps gave back: taking more than the
@@ -396,10 +398,11 @@ __device__ __forceinline__ void run_roles(Load&& load, Clean&& clean, Math&& mat
   const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
   if (warp < 4) {
     setmaxnreg_dec<Cfg::kRegsProducer>();
-    if (warp == 0) {
-      load();
+    static_assert(Cfg::kLoadWarps >= 1 && Cfg::kLoadWarps <= 3, "one to three load warps");
+    if (warp < Cfg::kLoadWarps) {
+      load(warp);
     } else {
-      clean(int(threadIdx.x) - 32, 96);
+      clean(int(threadIdx.x) - 32 * Cfg::kLoadWarps, 128 - 32 * Cfg::kLoadWarps);
     }
   } else {
     setmaxnreg_inc<Cfg::kRegsMath>();
@@ -412,7 +415,7 @@ __device__ __forceinline__ void logits_body(const LogitsParams& p, const TmaDesc
                                             const TmaDescriptor* w_desc, const TmaDescriptor* k_desc,
                                             const TmaDescriptor* s_desc) {
   auto& ss = init_shared<Cfg>({q_desc, w_desc, k_desc, s_desc}, 8);   // both math warpgroups read each stage
-  run_roles<Cfg>([&] { detail::producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc); },
+  run_roles<Cfg>([&](int) { detail::producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc); },
                  [&](int lane, int lanes) {
                    if (p.clean && p.max_seqlen_k == 0) detail::logits_cleaner<Cfg::UNIT_Q>(p, lane, lanes);
                  },

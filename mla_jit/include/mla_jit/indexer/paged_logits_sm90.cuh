@@ -21,10 +21,12 @@
 namespace mla_jit {
 namespace indexer {
 
-template <int H_, int D_, int NEXT_N_, int PAGE_, int NUM_STAGES_, int MATH_WGS_>
+template <int H_, int D_, int NEXT_N_, int PAGE_, int NUM_STAGES_, int MATH_WGS_, int LOAD_WARPS_>
 struct PagedSm90Config {
   static constexpr int H = H_, D = D_, NEXT_N = NEXT_N_, PAGE = PAGE_, NUM_STAGES = NUM_STAGES_;
-  static constexpr int MATH_WGS = MATH_WGS_;   // math warpgroups, taking the CTA's tiles in turn
+  static constexpr int MATH_WGS = MATH_WGS_;     // math warpgroups, taking the CTA's tiles in turn
+  static constexpr int LOAD_WARPS = LOAD_WARPS_;  // producer warps, issuing the CTA's tiles in turn
+  static constexpr int kLoadWarps = LOAD_WARPS;   // (run_roles)
   static constexpr int N = NEXT_N * H;
   static constexpr int NUM_THREADS = 128 * (1 + MATH_WGS);
   static_assert(MATH_WGS == 2 || MATH_WGS == 3, "two or three math warpgroups");
@@ -33,6 +35,9 @@ struct PagedSm90Config {
   // tile, issued earlier but not yet landed: TMA loads complete out of order) is still pending, and
   // its parity wait passes at once on the wrong phase (16 stages with 3 warpgroups hung on the H200).
   static_assert(NUM_STAGES % MATH_WGS == 0, "stages: a multiple of the math warpgroups");
+  // Likewise each stage is always filled by the same load warp, in order.
+  static_assert(LOAD_WARPS >= 1 && LOAD_WARPS <= 3 && NUM_STAGES % LOAD_WARPS == 0,
+                "stages: a multiple of the load warps (1 to 3)");
   static_assert(H == 8 || H == 16 || H == 32 || H == 64, "heads: 8, 16, 32 or 64");
   static_assert(D == 64 || D == 128, "head dim: 64 or 128");
   static_assert(NEXT_N >= 1 && N <= 256, "next_n x heads: at most 256 (one wgmma N)");
@@ -61,52 +66,85 @@ struct PagedSm90Config {
 
 namespace detail {
 
-// Warp 0: lane 0 issues the TMA loads; the 32 lanes read the block table 32 tiles ahead (one
-// dependent global load per tile would otherwise sit between each free stage and its load).
+// The load warps: warp w issues the loads of the CTA's tiles g with g % LOAD_WARPS == w (so stage
+// g % NUM_STAGES always belongs to one warp), warp 0 also the Q and weights of each batch entry.
+// One warp alone issued a tile every ~500 cycles (ncu: 87-91% of its time busy at batch 4096),
+// about the rate DRAM serves them. Lane i reads the block table for the i-th tile of a chunk of 32
+// of the warp's tiles, one chunk ahead (also across batch entries: the next entry's first chunk,
+// whose pages do not depend on its length), so that the table's latency (~1 us after the L2
+// flush, 11% of the single warp's time) is not paid between a chunk's last load and its next.
+template <typename Cfg>
+struct BlockIds {
+  int id[Cfg::kBoxes];   // lane i: the pages of tile t0 + LOAD_WARPS * i of entry bi (-1: zeros)
+  int bi = -1, t0 = -1;  // which chunk
+
+  __device__ __forceinline__ void fetch(const PagedParams& p, int b, int t, int lane) {
+    bi = b, t0 = t;
+    const int t_lane = t + Cfg::LOAD_WARPS * lane;
+#pragma unroll
+    for (int box = 0; box < Cfg::kBoxes; ++box) {
+      // Every column of the table is readable; tiles past the entry's length are never issued.
+      const int page = (t_lane * kTileKeys + box * Cfg::kBoxKeys) / Cfg::PAGE;
+      id[box] = b < p.b && page < p.max_blocks ? __ldg(p.block_table + b * p.block_table_stride + page) : -1;
+    }
+  }
+};
+
 template <typename Cfg>
 __device__ __forceinline__ void paged_producer(typename Cfg::SharedStorage& ss, const PagedParams& p,
                                                const TmaDescriptor* q_desc, const TmaDescriptor* w_desc,
-                                               const TmaDescriptor* k_desc, const TmaDescriptor* s_desc) {
-  constexpr int NS = Cfg::NUM_STAGES;
+                                               const TmaDescriptor* k_desc, const TmaDescriptor* s_desc, int warp) {
+  constexpr int NS = Cfg::NUM_STAGES, LW = Cfg::LOAD_WARPS;
   const int lane = threadIdx.x % 32;
   const uint64_t k_policy = l2_evict_first_policy();   // each page is read once
+  const uint32_t k_full = smem_addr(&ss.k_full[0]), k_empty = smem_addr(&ss.k_empty[0]);
+  const uint32_t k_smem = smem_addr(ss.k[0]), scale_smem = smem_addr(ss.scale[0]);
+  int stage = warp;     // of this warp's next tile
+  uint32_t round = 0;   // how often its stages have wrapped (the empty barrier's parity)
   uint32_t q_iter = 0, kv_iter = 0;
+  BlockIds<Cfg> next;   // the warp's next chunk; the first one before the first entry's length is known
+  next.fetch(p, max(__ldg(p.schedule + 2 * blockIdx.x), 0), max(__ldg(p.schedule + 2 * blockIdx.x + 1), 0) + warp,
+             lane);
   for_each_segment(p, [&](int bi, int t_first, int t_last) {
     const int x = q_iter & 1;
-    if (lane == 0) {
+    if (warp == 0 && lane == 0) {
       mbarrier_wait(&ss.q_empty[x], ((q_iter >> 1) & 1) ^ 1);
       mbarrier_arrive_expect_tx(&ss.q_full[x], Cfg::kQBytes);
       tma_load_2d(ss.q[x], q_desc, &ss.q_full[x], 0, bi * Cfg::N);
       tma_load_2d(ss.weights[x], w_desc, &ss.q_full[x], 0, bi * Cfg::NEXT_N);
     }
     ++q_iter;
-    const int* table = p.block_table + bi * p.block_table_stride;
+    const int first = t_first + (warp + LW - int(kv_iter % LW)) % LW;   // this warp's first tile here
+    kv_iter += t_last - t_first;
+    if (first < t_last && (next.bi != bi || next.t0 != first)) next.fetch(p, bi, first, lane);
 #pragma unroll 1
-    for (int t0 = t_first; t0 < t_last; t0 += 32) {
-      int block[Cfg::kBoxes];   // lane i: the pages of tile t0 + i (-1: zeros)
-#pragma unroll
-      for (int box = 0; box < Cfg::kBoxes; ++box) {
-        const int page = ((t0 + lane) * kTileKeys + box * Cfg::kBoxKeys) / Cfg::PAGE;
-        block[box] = t0 + lane < t_last && page < p.max_blocks ? __ldg(table + page) : -1;
+    for (int t0 = first; t0 < t_last; t0 += 32 * LW) {
+      const BlockIds<Cfg> cur = next;
+      if (t0 + 32 * LW < t_last) {
+        next.fetch(p, bi, t0 + 32 * LW, lane);
+      } else {   // the next entry's first tile of this warp (its tiles start at 0)
+        next.fetch(p, bi + 1, (warp + LW - int(kv_iter % LW)) % LW, lane);
       }
-      const int count = min(32, t_last - t0);
+      const int count = min(32, (t_last - t0 + LW - 1) / LW);
 #pragma unroll 1
-      for (int i = 0; i < count; ++i, ++kv_iter) {
+      for (int i = 0; i < count; ++i) {
         int ids[Cfg::kBoxes];
 #pragma unroll
-        for (int box = 0; box < Cfg::kBoxes; ++box) ids[box] = __shfl_sync(0xffffffffu, block[box], i);
+        for (int box = 0; box < Cfg::kBoxes; ++box) ids[box] = __shfl_sync(0xffffffffu, cur.id[box], i);
         if (lane == 0) {
-          const int s = kv_iter % NS;
-          mbarrier_wait(&ss.k_empty[s], ((kv_iter / NS) & 1) ^ 1);
-          mbarrier_arrive_expect_tx(&ss.k_full[s], Cfg::kTileBytes);
+          mbarrier_wait(k_empty + 8 * stage, (round & 1) ^ 1);
+          mbarrier_arrive_expect_tx(k_full + 8 * stage, Cfg::kTileBytes);
 #pragma unroll
           for (int box = 0; box < Cfg::kBoxes; ++box) {
-            const int row = ((t0 + i) * kTileKeys + box * Cfg::kBoxKeys) % Cfg::PAGE;
-            tma_load_3d_hint(ss.k[s] + box * Cfg::kBoxKeys * Cfg::D, k_desc, &ss.k_full[s], 0, row, ids[box],
-                             k_policy);
-            tma_load_2d(ss.scale[s] + box * Cfg::kBoxKeys, s_desc, &ss.k_full[s], row, ids[box]);
+            const int row = ((t0 + LW * i) * kTileKeys + box * Cfg::kBoxKeys) % Cfg::PAGE;
+            tma_load_3d_hint(k_smem + (stage * kTileKeys + box * Cfg::kBoxKeys) * Cfg::D, k_desc, k_full + 8 * stage,
+                             0, row, ids[box], k_policy);
+            tma_load_2d(scale_smem + (stage * kTileKeys + box * Cfg::kBoxKeys) * 4, s_desc, k_full + 8 * stage, row,
+                        ids[box]);
           }
         }
+        stage += LW;
+        if (stage >= NS) stage -= NS, ++round;
         __syncwarp();
       }
     }
@@ -167,7 +205,7 @@ __device__ __forceinline__ void paged_logits_body(const PagedParams& p, const Tm
                                                   const TmaDescriptor* w_desc, const TmaDescriptor* k_desc,
                                                   const TmaDescriptor* s_desc) {
   auto& ss = init_shared<Cfg>({q_desc, w_desc, k_desc, s_desc}, 4, Cfg::MATH_WGS);   // one math warpgroup reads each stage
-  run_roles<Cfg>([&] { detail::paged_producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc); },
+  run_roles<Cfg>([&](int warp) { detail::paged_producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc, warp); },
                  [&](int lane, int lanes) {
                    if (p.clean) detail::paged_cleaner(p, lane, lanes);
                  },
