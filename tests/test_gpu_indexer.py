@@ -246,6 +246,24 @@ def test_paged_logits_pages_forms_slabs(page, lens_2d, slab, family):
     _check_paged(got, q, cache, w, cl, table, max_len, False)
 
 
+def test_paged_logits_wide_dynamic_range(family):
+    """As test_mqa_logits_wide_dynamic_range, for the paged kernel at 64 heads and next_n 2 (its q'
+    terms on the tensor cores): heads and weights over 2^-12 .. 2^12 with both signs, an entry of
+    weights near 1e-36, keys with tiny scales."""
+    lens = [700, 64, 1500, 3]
+    q, cache, w, cl, table, max_len = _paged_inputs(len(lens), 2, 64, 128, 64, lens, seed=21)
+    gen = torch.Generator(device="cuda").manual_seed(22)
+    head_scale = torch.exp2(torch.randint(-6, 4, (len(lens), 2, 64, 1), generator=gen, device="cuda").float())
+    q = (q.float() * head_scale).to(torch.float8_e4m3fn)
+    w = w * torch.exp2(torch.randint(-12, 13, w.shape, generator=gen, device="cuda").float())
+    w[2:4] *= 1e-36   # entry 1: a q' of ~1e-33
+    pages = cache.view(cache.shape[0], -1)
+    scales = pages[:, 64 * 128:].view(torch.float32)   # each page's 64 key scales, after its values
+    scales[:, ::5] *= 1e-6
+    got = _run_paged(q, cache, w, cl, table, max_len, clean=True)
+    _check_paged(got, q, cache, w, cl, table, max_len, True)
+
+
 def test_paged_logits_head_dim_64_and_zero_lengths(family):
     q, cache, w, cl, table, max_len = _paged_inputs(4, 1, 32, 64, 64, [100, 0, 5, 64], seed=4)
     got = _run_paged(q, cache, w, cl, table, 256, clean=True)

@@ -54,6 +54,9 @@ def test_configs():
             cfg = paged_config(h, 128, next_n, 64, SM90.tuning)
             assert cfg.math_warpgroups == (3 if next_n * h <= 128 else 2)
             assert cfg.load_warps == 2 and cfg.num_stages % cfg.math_warpgroups == 0 == cfg.num_stages % cfg.load_warps
+            assert cfg.linear_on_mma == (h == 64 and next_n == 2) and cfg.smem_bytes <= 227 * 1024
+    with pytest.raises(mla_jit.InvalidArgumentError, match="linear_on_mma"):
+        PagedConfig(64, 128, 4, 64, 12, 2, 2, True)   # 256 + 16 columns: more than one wgmma N
     with pytest.raises(mla_jit.InvalidArgumentError, match="num_stages"):
         PagedConfig(64, 128, 1, 64, 16, 3)
     with pytest.raises(mla_jit.InvalidArgumentError, match="num_stages"):
@@ -114,7 +117,8 @@ def test_expected_schedule():
 @pytest.mark.slow
 @pytest.mark.parametrize("cfg", [LogitsConfig(64, 128, linear_on_mma=True), LogitsConfig(32, 64, linear_on_mma=True),
                                  LogitsConfig(16, 128), LogitsConfig(8, 64), PagedConfig(64, 128, 1, 64, 12),
-                                 PagedConfig(64, 128, 4, 32, 12), PagedConfig(8, 128, 3, 128, 12)],
+                                 PagedConfig(64, 128, 4, 32, 12), PagedConfig(8, 128, 3, 128, 12),
+                                 PagedConfig(64, 128, 2, 64, 12, 3, 2, True)],
                          ids=lambda c: registry.get("indexer_logits_sm90" if isinstance(c, LogitsConfig)
                                                     else "indexer_paged_sm90").kernel_name(c))
 def test_sm90_kernels_compile_without_local_memory(cfg, cache_root, monkeypatch, tmp_path):

@@ -79,11 +79,17 @@ class PagedConfig:
     num_stages: int = 10
     math_warpgroups: int = 2   # taking the CTA's tiles in turn (paged_logits_sm90.cuh)
     load_warps: int = 2        # issuing the CTA's tiles' loads in turn
+    linear_on_mma: bool = False   # relu's linear half by the wgmma (LogitsConfig's), Q copied per warpgroup
 
     def __post_init__(self):
         check_fields(self, heads=INDEXER_HEADS, head_dim=INDEXER_HEAD_DIMS, next_n=range(1, INDEXER_MAX_NEXT_N + 1),
                      page_size=INDEXER_PAGE_SIZES, num_stages=range(2, 17), math_warpgroups=(2, 3),
-                     load_warps=(1, 2, 3))
+                     load_warps=(1, 2, 3), linear_on_mma=(False, True))
+        lin_cols = 4 * self.next_n if self.linear_on_mma else 0
+        if self.linear_on_mma and (self.next_n % 2 or self.next_n * self.heads + lin_cols > 256):
+            from ..errors import InvalidArgumentError   # (whole 8-column groups, one wgmma N)
+            raise InvalidArgumentError("PagedConfig.linear_on_mma", "an even next_n with next_n x (heads + 4) "
+                                       "<= 256", self.linear_on_mma)
         # Each stage serves one math warpgroup and is filled by one load warp (paged_logits_sm90.cuh).
         if self.num_stages % math.lcm(self.math_warpgroups, self.load_warps):
             from ..errors import InvalidArgumentError
@@ -97,7 +103,12 @@ class PagedConfig:
 
     @property
     def smem_bytes(self) -> int:
-        return _smem(self.next_n * self.heads, self.head_dim, self.num_stages)
+        n = self.next_n * self.heads
+        if not self.linear_on_mma:
+            return _smem(n, self.head_dim, self.num_stages)
+        tile = -(-(n + 4 * self.next_n) * self.head_dim // 1024) * 1024   # a 1024-aligned Q copy
+        copies = 2 * self.math_warpgroups
+        return _smem(n, self.head_dim, self.num_stages) + copies * tile - 2 * n * self.head_dim + 1024
 
 
 @dataclass(frozen=True)
@@ -218,10 +229,12 @@ def paged_config(heads: int, head_dim: int, next_n: int, page_size: int, arch: A
     # <= 128), else two.
     # Two load warps: one alone issues a tile about as fast as DRAM serves them.
     math_wgs, load_warps = (3 if next_n * heads <= 128 else 2), 2
+    # relu's linear half on the tensor cores where the epilogue bounds the tile (64 heads, next_n 2).
+    linear = heads == 64 and next_n == 2
     for stages in (12, 10, 9, 8, 6):
         if stages % math.lcm(math_wgs, load_warps):   # each stage: one math warpgroup, one load warp
             continue
-        cfg = PagedConfig(heads, head_dim, next_n, page_size, stages, math_wgs, load_warps)
+        cfg = PagedConfig(heads, head_dim, next_n, page_size, stages, math_wgs, load_warps, linear)
         if cfg.smem_bytes <= SMEM_LIMIT:
             return cfg
     raise AssertionError("no paged indexer config fits")   # (6 stages fit every shape)

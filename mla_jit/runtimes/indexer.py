@@ -64,7 +64,7 @@ class IndexerPagedSm90Family(KernelFamily[PagedConfig]):
     def render_context(self, cfg: PagedConfig, arch: ArchPair) -> dict[str, Any]:
         return {"entry": self.ENTRY, "heads": cfg.heads, "head_dim": cfg.head_dim, "next_n": cfg.next_n,
                 "page_size": cfg.page_size, "num_stages": cfg.num_stages, "math_warpgroups": cfg.math_warpgroups,
-                "load_warps": cfg.load_warps}
+                "load_warps": cfg.load_warps, "linear_on_mma": cfg.linear_on_mma}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[PagedConfig]:
         # Decode with multi-token prediction: next_n 1 .. 4 for each preset's heads.

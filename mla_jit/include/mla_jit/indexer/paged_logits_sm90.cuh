@@ -16,17 +16,22 @@
 // Pages past block_table's columns, and block ids outside the cache, load zeros (TMA bounds).
 #pragma once
 
+#include "linear_terms.cuh"
 #include "logits_sm90.cuh"
 
 namespace mla_jit {
 namespace indexer {
 
-template <int H_, int D_, int NEXT_N_, int PAGE_, int NUM_STAGES_, int MATH_WGS_, int LOAD_WARPS_>
+// LINEAR: relu's linear half on the tensor cores (linear_terms.cuh), as fp8_mqa_logits does: each math
+// warpgroup gets its own copy of the entry's Q (a TMA load each) with 4 NEXT_N rows of q' terms after
+// the N head rows, and the wgmma N grows by as much.
+template <int H_, int D_, int NEXT_N_, int PAGE_, int NUM_STAGES_, int MATH_WGS_, int LOAD_WARPS_, bool LINEAR_>
 struct PagedSm90Config {
   static constexpr int H = H_, D = D_, NEXT_N = NEXT_N_, PAGE = PAGE_, NUM_STAGES = NUM_STAGES_;
   static constexpr int MATH_WGS = MATH_WGS_;     // math warpgroups, taking the CTA's tiles in turn
   static constexpr int LOAD_WARPS = LOAD_WARPS_;  // producer warps, issuing the CTA's tiles in turn
   static constexpr int kLoadWarps = LOAD_WARPS;   // (run_roles)
+  static constexpr bool LINEAR = LINEAR_;
   static constexpr int N = NEXT_N * H;
   static constexpr int NUM_THREADS = 128 * (1 + MATH_WGS);
   static_assert(MATH_WGS == 2 || MATH_WGS == 3, "two or three math warpgroups");
@@ -44,21 +49,29 @@ struct PagedSm90Config {
   static_assert(PAGE == 32 || PAGE == 64 || PAGE == 128, "page: 32, 64 or 128 keys");
   static constexpr int kBoxKeys = PAGE < kTileKeys ? PAGE : kTileKeys;   // keys per TMA box
   static constexpr int kBoxes = kTileKeys / kBoxKeys;                      // boxes per tile
-  using Mma = ScoreMma<D, N>;
+  using Lin = LinearTerms<H, D, LINEAR ? NEXT_N : 2>;   // (2: any valid instance when unused)
+  static constexpr int kLinCols = LINEAR ? Lin::kCols : 0;
+  static constexpr int NT = N + kLinCols;    // wgmma N
+  static_assert(NT <= 256, "one wgmma N");
+  static constexpr int kQCopies = LINEAR ? MATH_WGS : 1;          // each warpgroup writes its own q' rows
+  static constexpr int kQTile = (NT * D + 1023) / 1024 * 1024;   // each copy 1024-byte aligned (swizzle)
+  using Mma = ScoreMma<D, NT>;
   using Fp8 = typename Mma::Fp8;
-  using Sum = HeadSum<N, H>;
+  using Sum = HeadSum<N, H, kLinCols>;
 
   struct SharedStorage {
-    alignas(1024) Fp8 q[2][N * D];
+    alignas(1024) Fp8 q[2][kQCopies][kQTile];   // [slot][copy]: N head rows (TMA), kLinCols q' rows
     alignas(1024) Fp8 k[NUM_STAGES][kTileKeys * D];
     // (TMA destinations: 128-byte aligned, each slot a multiple of 128 bytes)
     alignas(128) float scale[NUM_STAGES][kTileKeys];
     alignas(128) float weights[2][(N + 31) / 32 * 32];
+    float lin_scale[2][MATH_WGS][LINEAR ? Lin::kCols : 1];   // [slot][math warpgroup]: s_j / 2 of column 4 t + j
+    float lin_red[MATH_WGS][4 * Lin::kPairsPerThread];       // [math warpgroup]: Lin::build's scratch
     alignas(8) uint64_t q_full[2], q_empty[2];
     uint64_t k_full[NUM_STAGES], k_empty[NUM_STAGES];
   };
   static constexpr int kSmemBytes = Sm90SmemSize<SharedStorage>::kBytes;
-  static constexpr unsigned kQBytes = N * D + N * sizeof(float);
+  static constexpr unsigned kQBytes = kQCopies * N * D + N * sizeof(float);
   static constexpr unsigned kTileBytes = kTileKeys * D + kTileKeys * sizeof(float);
   static constexpr int kRegsProducer = 40;
   static constexpr int kRegsMath = MATH_WGS == 2 ? 232 : 152;   // (run_roles checks the balance)
@@ -110,7 +123,8 @@ __device__ __forceinline__ void paged_producer(typename Cfg::SharedStorage& ss, 
     if (warp == 0 && lane == 0) {
       mbarrier_wait(&ss.q_empty[x], ((q_iter >> 1) & 1) ^ 1);
       mbarrier_arrive_expect_tx(&ss.q_full[x], Cfg::kQBytes);
-      tma_load_2d(ss.q[x], q_desc, &ss.q_full[x], 0, bi * Cfg::N);
+#pragma unroll
+      for (int c = 0; c < Cfg::kQCopies; ++c) tma_load_2d(ss.q[x][c], q_desc, &ss.q_full[x], 0, bi * Cfg::N);
       tma_load_2d(ss.weights[x], w_desc, &ss.q_full[x], 0, bi * Cfg::NEXT_N);
     }
     ++q_iter;
@@ -158,13 +172,22 @@ __device__ __forceinline__ void paged_math(typename Cfg::SharedStorage& ss, cons
   const int row_in_tile = warp * 16 + lane / 4;
   auto acc = Cfg::Mma::make_acc();
   float w[Sum::kWeights];
+  float wl[Sum::kLinWeights > 0 ? Sum::kLinWeights : 1];
+  constexpr float kHeadFactor = Cfg::LINEAR ? 0.5f : 1.f;   // (x + |x|) / 2
   int limit[Sum::kOut], row[Sum::kOut];
   uint32_t q_iter = 0, kv_iter = 0;
   for_each_segment(p, [&](int bi, int t_first, int t_last) {
     const int x = q_iter & 1;
     mbarrier_wait(&ss.q_full[x], (q_iter >> 1) & 1);
+    const typename Cfg::Fp8* q_tile = ss.q[x][Cfg::LINEAR ? wg : 0];
+    if constexpr (Cfg::LINEAR) {   // this warpgroup's q' rows (named barrier 1 + wg)
+      Cfg::Lin::build(reinterpret_cast<uint8_t*>(ss.q[x][wg]), ss.weights[x], ss.lin_scale[x][wg], ss.lin_red[wg],
+                      tw, 1 + wg);
+    }
 #pragma unroll
-    for (int i = 0; i < Sum::kWeights; ++i) w[i] = ss.weights[x][Sum::weight_column(i, lane)];
+    for (int i = 0; i < Sum::kWeights; ++i) w[i] = kHeadFactor * ss.weights[x][Sum::weight_column(i, lane)];
+#pragma unroll
+    for (int i = 0; i < Sum::kLinWeights; ++i) wl[i] = Sum::lin_weight(i, lane, ss.lin_scale[x][wg]);
 #pragma unroll
     for (int m = 0; m < Sum::kOut; ++m) {
       const int j = Sum::out_token(m, lane);
@@ -179,13 +202,17 @@ __device__ __forceinline__ void paged_math(typename Cfg::SharedStorage& ss, cons
       const uint32_t g = kv_iter + (t - t_first);
       const int s = g % Cfg::NUM_STAGES;
       mbarrier_wait(&ss.k_full[s], (g / Cfg::NUM_STAGES) & 1);
-      Cfg::Mma::issue(ss.k[s], ss.q[x], tw, acc);
+      Cfg::Mma::issue(ss.k[s], q_tile, tw, acc);
       cute::warpgroup_wait<0>();
       const float scale[2] = {ss.scale[s][row_in_tile], ss.scale[s][row_in_tile + 8]};
       __syncwarp();
       if (lane == 0) mbarrier_arrive(&ss.k_empty[s]);
       float out[Sum::kOut];
-      Sum::run(acc, w, scale, out, lane);
+      if constexpr (Cfg::LINEAR) {
+        Sum::run(acc, w, wl, scale, out, lane);
+      } else {
+        Sum::run(acc, w, scale, out, lane);
+      }
       const int key = t * kTileKeys + row_in_tile + 8 * Sum::out_half(lane);
 #pragma unroll
       for (int m = 0; m < Sum::kOut; ++m) {
