@@ -69,7 +69,7 @@ fi
 if [ -z "${SKIP_INDEXER_PREWARM:-}" ]; then
 configs=()
 for h in 8 16 32 64; do configs+=(--config "indexer_logits_sm90:heads=$h,head_dim=64"); done
-for page in 32 128; do configs+=(--config "indexer_paged_sm90:heads=64,head_dim=128,next_n=2,page_size=$page,num_stages=12,math_warpgroups=3"); done
+for page in 32 128; do configs+=(--config "indexer_paged_sm90:heads=64,head_dim=128,next_n=2,page_size=$page,num_stages=12,math_warpgroups=3,linear_on_mma=true"); done
 configs+=(--config "indexer_paged_sm90:heads=32,head_dim=64,next_n=1,page_size=64,num_stages=12,math_warpgroups=3")
 python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op fp8_mqa_logits --op fp8_paged_mqa_logits \
   --op get_paged_mqa_logits_metadata "${configs[@]}" 2>&1 | tail -n 2
