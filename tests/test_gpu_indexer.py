@@ -264,6 +264,17 @@ def test_paged_logits_wide_dynamic_range(family):
     _check_paged(got, q, cache, w, cl, table, max_len, True)
 
 
+@pytest.mark.parametrize("page", [32, 128])
+@pytest.mark.parametrize("num_sms", [1, 3])
+def test_paged_logits_few_ctas_many_chunks(page, num_sms, family):
+    """A CTA over several entries (a zero-length one among them) and several 32-tile chunks of each
+    of its load warps' tiles: the block table read a chunk ahead, across entries."""
+    lens = [5000, 0, 70, 3000, 1, 2500]
+    q, cache, w, cl, table, max_len = _paged_inputs(len(lens), 2, 64, 128, page, lens, seed=31 + page)
+    got = _run_paged(q, cache, w, cl, table, max_len + 64, clean=True, num_sms=num_sms)
+    _check_paged(got, q, cache, w, cl, table, max_len + 64, True)
+
+
 def test_paged_logits_head_dim_64_and_zero_lengths(family):
     q, cache, w, cl, table, max_len = _paged_inputs(4, 1, 32, 64, 64, [100, 0, 5, 64], seed=4)
     got = _run_paged(q, cache, w, cl, table, 256, clean=True)

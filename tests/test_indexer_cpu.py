@@ -57,6 +57,10 @@ def test_configs():
             assert cfg.linear_on_mma == (h == 64 and next_n == 2) and cfg.smem_bytes <= 227 * 1024
     with pytest.raises(mla_jit.InvalidArgumentError, match="linear_on_mma"):
         PagedConfig(64, 128, 4, 64, 12, 2, 2, True)   # 256 + 16 columns: more than one wgmma N
+    with pytest.raises(mla_jit.InvalidArgumentError, match="linear_on_mma"):
+        PagedConfig(32, 128, 3, 64, 12, 3, 2, True)   # an odd next_n: 4 q' columns a token, 8 a group
+    with pytest.raises(mla_jit.InvalidArgumentError, match="load_warps"):
+        PagedConfig(64, 128, 1, 64, 12, 3, 3)         # only two load warps have run on a GPU
     with pytest.raises(mla_jit.InvalidArgumentError, match="num_stages"):
         PagedConfig(64, 128, 1, 64, 16, 3)
     with pytest.raises(mla_jit.InvalidArgumentError, match="num_stages"):

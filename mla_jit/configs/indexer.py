@@ -22,6 +22,10 @@ LOGITS_N = 128            # fp8_mqa_logits: query tokens x heads per q block (th
 SMEM_LIMIT = 227 * 1024
 
 
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
 def _smem(n_cols: int, head_dim: int, stages: int) -> int:
     """Shared memory of the sm90 kernels: two Q slots of n_cols rows, the key stages, barriers and alignment."""
     q = 2 * n_cols * head_dim + 2 * n_cols * 4
@@ -82,9 +86,10 @@ class PagedConfig:
     linear_on_mma: bool = False   # relu's linear half by the wgmma (LogitsConfig's), Q copied per warpgroup
 
     def __post_init__(self):
+        # load_warps: the kernel takes 1 to 3; only 2 has run on a GPU (1 and 3: bench/NOTES.md session 30).
         check_fields(self, heads=INDEXER_HEADS, head_dim=INDEXER_HEAD_DIMS, next_n=range(1, INDEXER_MAX_NEXT_N + 1),
                      page_size=INDEXER_PAGE_SIZES, num_stages=range(2, 17), math_warpgroups=(2, 3),
-                     load_warps=(1, 2, 3), linear_on_mma=(False, True))
+                     load_warps=(2,), linear_on_mma=(False, True))
         lin_cols = 4 * self.next_n if self.linear_on_mma else 0
         if self.linear_on_mma and (self.next_n % 2 or self.next_n * self.heads + lin_cols > 256):
             from ..errors import InvalidArgumentError   # (whole 8-column groups, one wgmma N)
@@ -103,12 +108,18 @@ class PagedConfig:
 
     @property
     def smem_bytes(self) -> int:
-        n = self.next_n * self.heads
-        if not self.linear_on_mma:
-            return _smem(n, self.head_dim, self.num_stages)
-        tile = -(-(n + 4 * self.next_n) * self.head_dim // 1024) * 1024   # a 1024-aligned Q copy
-        copies = 2 * self.math_warpgroups
-        return _smem(n, self.head_dim, self.num_stages) + copies * tile - 2 * n * self.head_dim + 1024
+        """paged_logits_sm90.cuh's SharedStorage, an upper bound: each member rounded up to its
+        alignment (1024 for the Q copies, 128 for the rest), the struct to 1024 (its alignment), plus
+        Sm90SmemSize's 1024 bytes of slack."""
+        n, lin_cols = self.next_n * self.heads, 4 * self.next_n if self.linear_on_mma else 0
+        q_tile = _round_up((n + lin_cols) * self.head_dim, 1024)
+        copies = self.math_warpgroups if self.linear_on_mma else 1
+        small = (_round_up(2 * _round_up(n, 32) * 4, 128)                          # weights
+                 + _round_up(2 * self.math_warpgroups * max(lin_cols, 1) * 4, 128)  # lin_scale
+                 + _round_up(self.math_warpgroups * 4 * 4 * 4, 128)                 # lin_red
+                 + _round_up((6 + 2 * self.num_stages) * 8, 128))                   # barriers
+        stages = self.num_stages * (TILE_KEYS * self.head_dim + TILE_KEYS * 4)
+        return _round_up(2 * copies * q_tile + stages + small, 1024) + 1024
 
 
 @dataclass(frozen=True)
@@ -224,12 +235,13 @@ def logits_config(heads: int, head_dim: int, arch: Arch) -> LogitsConfig:
 
 @functools.lru_cache(maxsize=None)
 def paged_config(heads: int, head_dim: int, next_n: int, page_size: int, arch: Arch) -> PagedConfig:
-    # The deepest key ring that fits beside the two Q slots (memory-bound: tiles in flight). Three
+    # The deepest key ring that fits beside the Q slots (memory-bound: tiles in flight). Three
     # math warpgroups where a tile's accumulator and weights fit their 152 registers (next_n x heads
     # <= 128), else two.
     # Two load warps: one alone issues a tile about as fast as DRAM serves them.
     math_wgs, load_warps = (3 if next_n * heads <= 128 else 2), 2
-    # relu's linear half on the tensor cores where the epilogue bounds the tile (64 heads, next_n 2).
+    # relu's linear half on the tensor cores where the epilogue bounds the tile (64 heads, next_n 2;
+    # other head counts compile without spills but are not measured).
     linear = heads == 64 and next_n == 2
     for stages in (12, 10, 9, 8, 6):
         if stages % math.lcm(math_wgs, load_warps):   # each stage: one math warpgroup, one load warp

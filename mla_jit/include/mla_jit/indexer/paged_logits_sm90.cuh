@@ -7,9 +7,10 @@
 // A cache page (uint8, stride(0) bytes apart) holds PAGE keys of D e4m3 values, then PAGE float32
 // scales. Work: 64-key tiles of the batch entries' keys, cut into one contiguous range per CTA by
 // the schedule (get_paged_mqa_logits_metadata: {batch, tile} where CTA c starts). Roles as the
-// ragged kernel's (logits_sm90.cuh): warp 0 loads (TMA: Q and weights per batch entry, then each
-// tile's page(s) and scales through the block table, read by the warp 32 tiles ahead), warps
-// 1-3 clean (rows c, c + grid, ...: -inf past the entry's last tile, clean_logits), MATH_WGS
+// ragged kernel's (logits_sm90.cuh): warps 0 .. LOAD_WARPS - 1 load (TMA: warp 0 the Q and weights
+// of each batch entry; warp w the page(s) and scales of the CTA's tiles g with g % LOAD_WARPS == w,
+// through the block table, read a chunk of 32 of its tiles ahead), the producer warpgroup's other
+// warps clean (rows c, c + grid, ...: -inf past the entry's last tile, clean_logits), MATH_WGS
 // warpgroups compute the CTA's tiles in turn (tile g of the CTA to warpgroup g % MATH_WGS). The
 // producer runs NUM_STAGES tiles ahead, and each math warpgroup's epilogue overlaps the others'
 // wgmma; with 3 math warpgroups (fewer registers each) two epilogues run beside each wgmma.
@@ -96,9 +97,11 @@ struct BlockIds {
     const int t_lane = t + Cfg::LOAD_WARPS * lane;
 #pragma unroll
     for (int box = 0; box < Cfg::kBoxes; ++box) {
-      // Every column of the table is readable; tiles past the entry's length are never issued.
+      // Every column of the table is readable; tiles past the entry's length are never issued. (The
+      // unsigned compares also keep a garbage schedule's huge tile, whose page wraps, in bounds.)
       const int page = (t_lane * kTileKeys + box * Cfg::kBoxKeys) / Cfg::PAGE;
-      id[box] = b < p.b && page < p.max_blocks ? __ldg(p.block_table + b * p.block_table_stride + page) : -1;
+      id[box] = unsigned(b) < unsigned(p.b) && unsigned(page) < unsigned(p.max_blocks)
+                    ? __ldg(p.block_table + b * p.block_table_stride + page) : -1;
     }
   }
 };
@@ -136,7 +139,8 @@ __device__ __forceinline__ void paged_producer(typename Cfg::SharedStorage& ss, 
       const BlockIds<Cfg> cur = next;
       if (t0 + 32 * LW < t_last) {
         next.fetch(p, bi, t0 + 32 * LW, lane);
-      } else {   // the next entry's first tile of this warp (its tiles start at 0)
+      } else {   // the next entry's first tile of this warp (its tiles start at 0; wasted, and fetched
+                 // again at the segment's start, when that entry has no tiles or the CTA's range ends)
         next.fetch(p, bi + 1, (warp + LW - int(kv_iter % LW)) % LW, lane);
       }
       const int count = min(32, (t_last - t0 + LW - 1) / LW);
