@@ -58,5 +58,7 @@ __device__ unsigned long long mla_jit_trace_splitkv[mla_jit::kTraceCtas * mla_ji
 __device__ unsigned long long mla_jit_trace_combine[mla_jit::kTraceCtas * mla_jit::kTraceEvents];
 // Per-tile %clock64 rows of the ws kernel's sparse mode (decode/splitkv_ws.cuh: WsPhaseTrace).
 __device__ unsigned long long mla_jit_trace_phases[mla_jit::kTraceCtas * mla_jit::kTraceEvents];
+// One row per CTA of the paged indexer kernel (indexer/paged_logits_sm90.cuh: PagedTrace).
+__device__ unsigned long long mla_jit_trace_indexer[mla_jit::kTraceCtas * mla_jit::kTraceEvents];
 }
 #endif

@@ -19,6 +19,7 @@
 
 #include "linear_terms.cuh"
 #include "logits_sm90.cuh"
+#include "mla_jit/common/trace.cuh"
 
 namespace mla_jit {
 namespace indexer {
@@ -79,6 +80,26 @@ struct PagedSm90Config {
 };
 
 namespace detail {
+
+// Built with MLA_JIT_TRACE (bench/trace_paged_indexer.py): one row of mla_jit_trace_indexer per CTA,
+// %globaltimer (ns) at: 0 the CTA's start, 1 load warp 0's first K load issued, 2 math warpgroup 0's
+// first tile landed, 3 its first wgmma done, 4 the last K load issued (latest load warp), 5 the last
+// tile's logits stored (latest math warpgroup); values: 6 the SM, 7 the CTA's tiles. Without the flag
+// every mark compiles to nothing.
+struct PagedTrace {
+  enum Event { kStart, kFirstLoad, kFirstLanded, kFirstMma, kLastLoad, kLastStore, kSm, kTiles };
+#ifdef MLA_JIT_TRACE
+  static __device__ __forceinline__ void time(int event) { MLA_JIT_TRACE_TIME(mla_jit_trace_indexer, event); }
+  static __device__ __forceinline__ void latest(int event) { MLA_JIT_TRACE_LATEST(mla_jit_trace_indexer, event); }
+  static __device__ __forceinline__ void value(int event, unsigned long long v) {
+    MLA_JIT_TRACE_VALUE(mla_jit_trace_indexer, event, v);
+  }
+#else
+  static __device__ __forceinline__ void time(int) {}
+  static __device__ __forceinline__ void latest(int) {}
+  static __device__ __forceinline__ void value(int, unsigned long long) {}
+#endif
+};
 
 // The load warps: warp w issues the loads of the CTA's tiles g with g % LOAD_WARPS == w (so stage
 // g % NUM_STAGES always belongs to one warp), warp 0 also the Q and weights of each batch entry.
@@ -160,6 +181,9 @@ __device__ __forceinline__ void paged_producer(typename Cfg::SharedStorage& ss, 
             tma_load_2d(scale_smem + (stage * kTileKeys + box * Cfg::kBoxKeys) * 4, s_desc, k_full + 8 * stage, row,
                         ids[box]);
           }
+#ifdef MLA_JIT_TRACE
+          if (warp == 0 && round == 0 && stage == 0) PagedTrace::time(PagedTrace::kFirstLoad);
+#endif
         }
         stage += LW;
         if (stage >= NS) stage -= NS, ++round;
@@ -167,6 +191,10 @@ __device__ __forceinline__ void paged_producer(typename Cfg::SharedStorage& ss, 
       }
     }
   });
+  if (lane == 0) {
+    PagedTrace::latest(PagedTrace::kLastLoad);
+    if (warp == 0) PagedTrace::value(PagedTrace::kTiles, kv_iter);
+  }
 }
 
 template <typename Cfg>
@@ -206,8 +234,14 @@ __device__ __forceinline__ void paged_math(typename Cfg::SharedStorage& ss, cons
       const uint32_t g = kv_iter + (t - t_first);
       const int s = g % Cfg::NUM_STAGES;
       mbarrier_wait(&ss.k_full[s], (g / Cfg::NUM_STAGES) & 1);
+#ifdef MLA_JIT_TRACE
+      if (wg == 0 && tw == 0 && g == 0) PagedTrace::time(PagedTrace::kFirstLanded);
+#endif
       Cfg::Mma::issue(ss.k[s], q_tile, tw, acc);
       cute::warpgroup_wait<0>();
+#ifdef MLA_JIT_TRACE
+      if (wg == 0 && tw == 0 && g == 0) PagedTrace::time(PagedTrace::kFirstMma);
+#endif
       const float scale[2] = {ss.scale[s][row_in_tile], ss.scale[s][row_in_tile + 8]};
       __syncwarp();
       if (lane == 0) mbarrier_arrive(&ss.k_empty[s]);
@@ -227,6 +261,7 @@ __device__ __forceinline__ void paged_math(typename Cfg::SharedStorage& ss, cons
     kv_iter += t_last - t_first;
     ++q_iter;
   });
+  if (tw == 0) PagedTrace::latest(PagedTrace::kLastStore);
 }
 
 }  // namespace detail
@@ -235,6 +270,12 @@ template <typename Cfg>
 __device__ __forceinline__ void paged_logits_body(const PagedParams& p, const TmaDescriptor* q_desc,
                                                   const TmaDescriptor* w_desc, const TmaDescriptor* k_desc,
                                                   const TmaDescriptor* s_desc) {
+  if (threadIdx.x == 0) {
+    detail::PagedTrace::time(detail::PagedTrace::kStart);
+#ifdef MLA_JIT_TRACE
+    detail::PagedTrace::value(detail::PagedTrace::kSm, trace_smid());
+#endif
+  }
   auto& ss = init_shared<Cfg>({q_desc, w_desc, k_desc, s_desc}, 4, Cfg::MATH_WGS);   // one math warpgroup reads each stage
   run_roles<Cfg>([&](int warp) { detail::paged_producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc, warp); },
                  [&](int lane, int lanes) {
