@@ -50,6 +50,27 @@ def _tables(device: int) -> list[tuple[str, int, int]]:
     return found
 
 
+def family_tables(family: str, symbol: str, device: int) -> list[tuple[int, int]]:
+    """(address, bytes) of the table `symbol` in each binary of `family` this process loaded."""
+    found = []
+    for binary in list(registry.get(family)._binaries.values()):
+        try:
+            found.append(global_address(binary, symbol, device))
+        except LaunchError:  # built without the table
+            pass
+    return found
+
+
+def traced_calls(tables: list[tuple[int, int]], flush: torch.Tensor, call, runs: int) -> None:
+    """`runs` times (at least once): clear the tables, flush the L2, call; the last call's rows stay."""
+    for _ in range(max(1, runs)):
+        for address, nbytes in tables:
+            check(cu().cuMemsetD8(address, 0, nbytes), "clearing a trace table")
+        flush.zero_()
+        call()
+        torch.cuda.synchronize()
+
+
 def _read(address: int, nbytes: int) -> list[list[int]]:
     raw = (ctypes.c_uint64 * (nbytes // 8))()
     check(cu().cuMemcpyDtoH(ctypes.addressof(raw), address, nbytes), "reading a trace table")

@@ -20,24 +20,10 @@ import torch  # noqa: E402
 
 import mla_jit  # noqa: E402
 from bench_indexer import D, paged_inputs  # noqa: E402  (bench/ is sys.path[0])
-from trace_decode import _read, _spread  # noqa: E402
-from mla_jit.errors import LaunchError  # noqa: E402
-from mla_jit.jit.driver import check, cu  # noqa: E402
-from mla_jit.jit.loader import global_address  # noqa: E402
-from mla_jit.runtimes import registry  # noqa: E402
+from trace_decode import _read, _spread, family_tables, traced_calls  # noqa: E402
 
 START, FIRST_LOAD, FIRST_LANDED, FIRST_MMA, LAST_LOAD, LAST_STORE, SM, TILES = range(8)
 TILE_BYTES = 64 * (D + 4)
-
-
-def _tables(device: int) -> list[tuple[int, int]]:
-    found = []
-    for binary in list(registry.get("indexer_paged_sm90")._binaries.values()):
-        try:
-            found.append(global_address(binary, "mla_jit_trace_indexer", device))
-        except LaunchError:  # built without the table
-            pass
-    return found
 
 
 def main() -> None:
@@ -58,15 +44,10 @@ def main() -> None:
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     call()
     torch.cuda.synchronize()
-    tables = _tables(torch.cuda.current_device())
+    tables = family_tables("indexer_paged_sm90", "mla_jit_trace_indexer", torch.cuda.current_device())
     if not tables:
         raise SystemExit("no indexer_paged_sm90 binary with a trace table (an sm_90a GPU?)")
-    for _ in range(max(1, args.runs)):
-        for address, nbytes in tables:
-            check(cu().cuMemsetD8(address, 0, nbytes), "clearing a trace table")
-        flush.zero_()
-        call()
-        torch.cuda.synchronize()
+    traced_calls(tables, flush, call, args.runs)
     rows = [r[1:] for address, nbytes in tables for r in _read(address, nbytes)]
     working = [r for r in rows if r[TILES] > 0 and all(r[:LAST_STORE + 1])]
     if not working:

@@ -27,26 +27,12 @@ os.environ["MLA_JIT_TRACE"] = "1"  # before any kernel is built: part of the cac
 import torch  # noqa: E402
 
 import mla_jit  # noqa: E402
-from trace_decode import _read  # noqa: E402  (bench/ is sys.path[0])
-from mla_jit.errors import LaunchError  # noqa: E402
-from mla_jit.jit.driver import check, cu  # noqa: E402
-from mla_jit.jit.loader import global_address  # noqa: E402
-from mla_jit.runtimes import registry  # noqa: E402
+from trace_decode import _read, family_tables, traced_calls  # noqa: E402  (bench/ is sys.path[0])
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from sparse_inputs import SparseCase, make_sparse_inputs  # noqa: E402
 
 TILES = 8  # WsPhaseTrace::kTiles
-
-
-def _phase_tables(family: str, device: int) -> list[tuple[int, int]]:
-    found = []
-    for binary in list(registry.get(family)._binaries.values()):
-        try:
-            found.append(global_address(binary, "mla_jit_trace_phases", device))
-        except LaunchError:  # built without the table
-            pass
-    return found
 
 
 def _sparse_call(args):
@@ -80,15 +66,10 @@ def main() -> None:
     flush = torch.empty(8 << 30, dtype=torch.uint8, device="cuda")
     call()
     torch.cuda.synchronize()
-    tables = _phase_tables(family, torch.cuda.current_device())
+    tables = family_tables(family, "mla_jit_trace_phases", torch.cuda.current_device())
     if not tables:
         raise SystemExit(f"no {family} binary with a phase table (an sm_90a GPU?)")
-    for _ in range(max(1, args.runs)):
-        for address, nbytes in tables:
-            check(cu().cuMemsetD8(address, 0, nbytes), "clearing a trace table")
-        flush.zero_()
-        call()
-        torch.cuda.synchronize()
+    traced_calls(tables, flush, call, args.runs)
     rows = {r[0]: r[1:] for address, nbytes in tables for r in _read(address, nbytes)}
     complete = {i: r for i, r in rows.items() if all(r[:8])}
     names = ("wait", "S", "smax", "gap", "deq", "waitP", "pv", "loop", "period")
