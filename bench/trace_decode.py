@@ -38,16 +38,9 @@ COMBINE = ("entry", "go", "done", "splits")
 def _tables(device: int) -> list[tuple[str, int, int]]:
     """(symbol, address, bytes) of the trace tables of every decode binary this process loaded
     (only the launched one's record anything: all are cleared before a run)."""
-    found = []
-    for name in ("mla_decode_sm90", "mla_decode_sm80"):
-        family = registry.get(name)
-        for binary in list(family._binaries.values()):
-            for symbol in ("mla_jit_trace_splitkv", "mla_jit_trace_combine"):
-                try:
-                    found.append((symbol, *global_address(binary, symbol, device)))
-                except LaunchError:  # a binary built without the tables
-                    pass
-    return found
+    return [(symbol, *table) for name in ("mla_decode_sm90", "mla_decode_sm80")
+            for symbol in ("mla_jit_trace_splitkv", "mla_jit_trace_combine")
+            for table in family_tables(name, symbol, device)]
 
 
 def family_tables(family: str, symbol: str, device: int) -> list[tuple[int, int]]:

@@ -23,10 +23,9 @@ import torch  # noqa: E402
 
 import mla_jit  # noqa: E402
 from bench_decode import DV, make_inputs  # noqa: E402
-from trace_decode import _read, _tables  # noqa: E402
+from trace_decode import _read, _tables, traced_calls  # noqa: E402
 from mla_jit.configs.decode import sm80_decode_config  # noqa: E402
 from mla_jit.jit.arch import parse_arch  # noqa: E402
-from mla_jit.jit.driver import check, cu  # noqa: E402
 
 PHASES = ("tail", "barA", "S", "exch", "max+B", "smax+C", "PV")
 TILES = 4  # PhaseTrace::kTiles
@@ -46,14 +45,9 @@ def main() -> None:
     call = lambda: mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, DV, metadata, num_splits)  # noqa: E731
     call()
     torch.cuda.synchronize()
-    tables = [t for t in _tables(torch.cuda.current_device()) if t[0] == "mla_jit_trace_splitkv"]
-    for _ in range(max(1, args.runs)):
-        for _, address, nbytes in tables:
-            check(cu().cuMemsetD8(address, 0, nbytes), "clearing a trace table")
-        flush.zero_()
-        call()
-        torch.cuda.synchronize()
-    rows = {r[0]: r[1:] for t in tables for r in _read(t[1], t[2])}
+    tables = [t[1:] for t in _tables(torch.cuda.current_device()) if t[0] == "mla_jit_trace_splitkv"]
+    traced_calls(tables, flush, call, args.runs)
+    rows = {r[0]: r[1:] for address, nbytes in tables for r in _read(address, nbytes)}
     complete = {i: r for i, r in rows.items() if all(r[:7])}
     if not complete:
         raise SystemExit("no phase rows: a Q-in-smem sm80-family kernel (rows > 16) and >= 68 tiles per CTA?")

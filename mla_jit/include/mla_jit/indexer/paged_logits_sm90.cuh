@@ -94,10 +94,12 @@ struct PagedTrace {
   static __device__ __forceinline__ void value(int event, unsigned long long v) {
     MLA_JIT_TRACE_VALUE(mla_jit_trace_indexer, event, v);
   }
+  static __device__ __forceinline__ void sm() { value(kSm, trace_smid()); }
 #else
   static __device__ __forceinline__ void time(int) {}
   static __device__ __forceinline__ void latest(int) {}
   static __device__ __forceinline__ void value(int, unsigned long long) {}
+  static __device__ __forceinline__ void sm() {}
 #endif
 };
 
@@ -181,9 +183,7 @@ __device__ __forceinline__ void paged_producer(typename Cfg::SharedStorage& ss, 
             tma_load_2d(scale_smem + (stage * kTileKeys + box * Cfg::kBoxKeys) * 4, s_desc, k_full + 8 * stage, row,
                         ids[box]);
           }
-#ifdef MLA_JIT_TRACE
           if (warp == 0 && round == 0 && stage == 0) PagedTrace::time(PagedTrace::kFirstLoad);
-#endif
         }
         stage += LW;
         if (stage >= NS) stage -= NS, ++round;
@@ -234,14 +234,10 @@ __device__ __forceinline__ void paged_math(typename Cfg::SharedStorage& ss, cons
       const uint32_t g = kv_iter + (t - t_first);
       const int s = g % Cfg::NUM_STAGES;
       mbarrier_wait(&ss.k_full[s], (g / Cfg::NUM_STAGES) & 1);
-#ifdef MLA_JIT_TRACE
       if (wg == 0 && tw == 0 && g == 0) PagedTrace::time(PagedTrace::kFirstLanded);
-#endif
       Cfg::Mma::issue(ss.k[s], q_tile, tw, acc);
       cute::warpgroup_wait<0>();
-#ifdef MLA_JIT_TRACE
       if (wg == 0 && tw == 0 && g == 0) PagedTrace::time(PagedTrace::kFirstMma);
-#endif
       const float scale[2] = {ss.scale[s][row_in_tile], ss.scale[s][row_in_tile + 8]};
       __syncwarp();
       if (lane == 0) mbarrier_arrive(&ss.k_empty[s]);
@@ -272,9 +268,7 @@ __device__ __forceinline__ void paged_logits_body(const PagedParams& p, const Tm
                                                   const TmaDescriptor* s_desc) {
   if (threadIdx.x == 0) {
     detail::PagedTrace::time(detail::PagedTrace::kStart);
-#ifdef MLA_JIT_TRACE
-    detail::PagedTrace::value(detail::PagedTrace::kSm, trace_smid());
-#endif
+    detail::PagedTrace::sm();
   }
   auto& ss = init_shared<Cfg>({q_desc, w_desc, k_desc, s_desc}, 4, Cfg::MATH_WGS);   // one math warpgroup reads each stage
   run_roles<Cfg>([&](int warp) { detail::paged_producer<Cfg>(ss, p, q_desc, w_desc, k_desc, s_desc, warp); },
