@@ -29,6 +29,8 @@ for schedule in ws ws_unfused; do
                  bf16,512,64,2,e4m3 fp16,576,64,2,e4m3; do
       IFS=, read -r dtype d page stages kv <<<"$shape"
       configs+=(--config "mla_decode_sm90:dtype=$dtype,head_dim=$d,page_size=$page,head_dim_v=512,block_m=64,block_n=64,num_stages=$stages,schedule=$schedule,cluster_m=$cluster,kv_dtype=$kv")
+      # Compact rows (at most 32 query rows a KV head), unclustered only.
+      [ "$cluster" = 1 ] && configs+=(--config "mla_decode_sm90:dtype=$dtype,head_dim=$d,page_size=$page,head_dim_v=512,block_m=64,block_n=64,num_stages=$stages,schedule=$schedule,cluster_m=1,kv_dtype=$kv,compact_rows=true")
     done
   done
 done

@@ -32,16 +32,23 @@ def test_every_supported_config_renders():
             src = family.source(cfg, SM90)
             assert f"SplitKVWsConfig<cutlass::{'bfloat16_t' if dtype == 'bf16' else 'half_t'}, {d}, {dv}," in src.source
             # 3 stages, or 2 (and 2 landing slots) over an e4m3 cache
-            assert f"{page}, 64, 64, {2 if kv else 3}, {tail}, {'true' if kv else 'false'}>" in src.source
+            assert f"{page}, 64, 64, {2 if kv else 3}, {tail}, {'true' if kv else 'false'},\n" in src.source
+            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false>" in src.source
             # The fused-combine kernel ships without the combine kernel.
             assert ("mla_jit_decode_combine(" in src.source) == combine
             assert family.entry_points(cfg)[1:] == (("mla_jit_decode_combine",) if combine else ())
             names.add(src.name)
     assert len(names) == 2 * 2 * 2 * len(SUPPORTED_HEAD_DIMS) * len(SUPPORTED_PAGE_SIZES)
+    # At most 32 rows a KV head: compact rows (one row tile); 33 or more, or unknown: 64-row tiles.
+    assert decode_config("e4m3", 576, 512, 64, SM90.tuning, rows=32).compact_rows
+    assert not decode_config("e4m3", 576, 512, 64, SM90.tuning, rows=33).compact_rows
+    assert not decode_config("e4m3", 576, 512, 64, SM90.tuning).compact_rows
+    src = family.source(decode_config("bf16", 576, 512, 64, SM90.tuning, rows=16), SM90).source
+    assert "/*COMPACT_ROWS=*/true>" in src and "compact rows." in src
     assert decode_config("bf16", 576, 512, 64, SM90.tuning).schedule == "ws"  # the default
     assert decode_config("bf16", 576, 512, 64, SM90.tuning, kv_dtype="bf16").kv_dtype is None  # q's own: None
     clustered = decode_config("bf16", 576, 512, 64, SM90.tuning, "ws", 2)
-    assert "64, 64, 3, true, 2, false>" in family.source(clustered, SM90).source and clustered.cluster == (1, 1, 2)
+    assert "64, 64, 3, true, 2, false,\n" in family.source(clustered, SM90).source and clustered.cluster == (1, 1, 2)
     assert decode_config("bf16", 576, 512, 64, SM90.tuning, "ws").cluster is None
 
 
@@ -118,10 +125,12 @@ def test_prewarm_covers_every_preset():
     cfgs = list(family.prewarm_configs(SM90.tuning, presets.resolve(["deepseek-v3", "deepseek-v2-lite"])))
     # The default "auto" schedule picks the fused or the unfused ws kernel per call: both warmed,
     # each unclustered and in clusters of 2 (128 heads, or 64 at s_q = 2: two row tiles), for a
-    # bf16, e4m3 q and cache, and bf16 q over an e4m3 cache.
-    assert cfgs == [decode_config(dtype, 576, 512, 64, SM90.tuning, schedule, cluster_m, kv_dtype)
-                    for dtype, kv_dtype in (("bf16", None), ("e4m3", None), ("bf16", "e4m3"))
-                    for schedule in ("ws", "ws_unfused") for cluster_m in (1, 2)]
+    # bf16, e4m3 q and cache, and bf16 q over an e4m3 cache; and compact rows, unclustered (the
+    # TP4 / TP8 presets' 32 / 16 heads at s_q 1: at most 32 rows a KV head).
+    expected = [decode_config(dtype, 576, 512, 64, SM90.tuning, schedule, cluster_m, kv_dtype, rows)
+                for dtype, kv_dtype in (("bf16", None), ("e4m3", None), ("bf16", "e4m3"))
+                for schedule in ("ws", "ws_unfused") for cluster_m, rows in ((1, None), (2, None), (1, 16))]
+    assert len(cfgs) == len(set(cfgs)) and set(cfgs) == set(expected)
 
 
 def test_fused_combine_pays_only_for_small_calls_with_small_partials():

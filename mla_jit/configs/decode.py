@@ -186,6 +186,9 @@ class DecodeConfig:
     # None: the cache has q's dtype. "e4m3" (with a bf16 / fp16 q): the kernel de-quantizes each
     # KV tile in shared memory and multiplies in q's dtype.
     kv_dtype: str | None = None
+    # At most 32 query rows a KV head (one row tile): the rows in the first row half of each warp's
+    # 16, so the softmax warpgroup runs its per-row work for one of a thread's two rows (splitkv_ws.cuh).
+    compact_rows: bool = False
 
     num_threads = 384   # a producer warpgroup, the S/softmax warpgroup, two P V warpgroups
 
@@ -196,9 +199,11 @@ class DecodeConfig:
         if self.kv_dtype is not None and self.dtype not in ("bf16", "fp16"):
             raise InvalidArgumentError("DecodeConfig.kv_dtype", "None unless dtype is bf16 or fp16",
                                        f"{self.kv_dtype!r} with dtype {self.dtype!r}")
-        check_fields(self, schedule=SCHEDULES, cluster_m=(1, 2), dtype=tuple(STAGES),
+        check_fields(self, schedule=SCHEDULES, cluster_m=(1, 2), dtype=tuple(STAGES), compact_rows=(False, True),
                      head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS), page_size=SUPPORTED_PAGE_SIZES,
                      block_m=(BLOCK_M,), block_n=(BLOCK_N,), num_stages=(stages_for(self.dtype, self.kv_dtype),))
+        if self.compact_rows and self.cluster_m != 1:   # (at most 32 rows: one row tile)
+            raise InvalidArgumentError("DecodeConfig.compact_rows", "False with cluster_m 2", self.compact_rows)
         if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
             raise InvalidArgumentError("DecodeConfig.head_dim_v", f"(head_dim, head_dim_v) in {SUPPORTED_HEAD_DIMS}",
                                        f"({self.head_dim}, {self.head_dim_v})")
@@ -263,12 +268,14 @@ def cluster_m_for(row_tiles: int, choice: str = "auto") -> int:
 
 @functools.lru_cache(maxsize=None)
 def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
-                  schedule: str = "ws", cluster_m: int = 1, kv_dtype: str | None = None) -> DecodeConfig:
-    """kv_dtype: the cache's dtype where it is not q's (`dtype`)."""
+                  schedule: str = "ws", cluster_m: int = 1, kv_dtype: str | None = None,
+                  rows: int | None = None) -> DecodeConfig:
+    """kv_dtype: the cache's dtype where it is not q's (`dtype`). rows: query rows a KV head (s_q x
+    h_q / h_kv), where known: compact rows at most BLOCK_M / 2 (one row tile, half of it padding)."""
     kv_dtype = None if kv_dtype == dtype else kv_dtype
     return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N,
                         num_stages=stages_for(dtype, kv_dtype), schedule=schedule, cluster_m=cluster_m,
-                        kv_dtype=kv_dtype)
+                        kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2)
 
 
 @functools.lru_cache(maxsize=None)

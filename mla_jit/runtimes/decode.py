@@ -57,6 +57,14 @@ def _cluster_sizes(preset: Preset, choice: str) -> list[int]:
     return sorted({1, *(cluster_m_for(-(-r // BLOCK_M), choice) for r in rows)})
 
 
+def _compact_choices(preset: Preset) -> list[int | None]:
+    """decode_config's rows argument for both kernels a preset may take: None (64-row tiles) and,
+    where some s_q of 1 to 4 has at most 32 rows a KV head, those rows (compact rows)."""
+    rows = [s_q * preset.num_heads_q // preset.num_heads_kv for s_q in (1, 2, 3, 4)]
+    small = [r for r in rows if r <= BLOCK_M // 2]
+    return [None, *small[:1]]
+
+
 @register
 class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
     name = "mla_decode_sm90"
@@ -77,7 +85,8 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
                 "kv_fp8": "true" if cfg.kv_dtype == "e4m3" else "false",
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v,
                 "page_size": cfg.page_size, "block_m": cfg.block_m, "block_n": cfg.block_n,
-                "num_stages": cfg.num_stages, "schedule": cfg.schedule}
+                "num_stages": cfg.num_stages, "schedule": cfg.schedule,
+                "compact_rows": "true" if cfg.compact_rows else "false"}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[DecodeConfig]:
         # auto: which of the two a call takes depends on its batch and lengths; warm both.
@@ -86,10 +95,13 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
         # Clustered kernels where a preset's row tiles (s_q 1 to 4) share KV; the unclustered one too
         # (a GPU that cannot keep every cluster resident falls back to it).
         cluster = env.choice(CLUSTER_ENV.name)
-        configs = (decode_config(dtype, p.head_dim, p.head_dim_v, p.page_size, arch, schedule, cluster_m, kv_dtype)
+        # Compact rows where a preset's s_q 1 .. 4 has at most 32 rows a KV head.
+        configs = (decode_config(dtype, p.head_dim, p.head_dim_v, p.page_size, arch, schedule, cluster_m, kv_dtype,
+                                 rows)
                    for dtype, kv_dtype in _PREWARM_DTYPES
                    for p in _preset_shapes(presets) for schedule in schedules
-                   for cluster_m in _cluster_sizes(p, cluster))
+                   for cluster_m in _cluster_sizes(p, cluster)
+                   for rows in _compact_choices(p) if rows is None or cluster_m == 1)
         return list(dict.fromkeys(configs))
 
 

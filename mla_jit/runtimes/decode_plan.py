@@ -132,7 +132,7 @@ def _kernels(q_shape, dtype: str, kv_dtype: str, head_dim_v: int, page_size: int
             fused = fused_combine_pays(b, rows, parts, head_dim_v, max_seq_tokens, kv_bytes_per_token)
             schedule = "ws" if fused else "ws_unfused"
         cluster_m = cluster_m_for(-(-rows // BLOCK_M), cluster_choice)
-        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule, cluster_m, kv_dtype)
+        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule, cluster_m, kv_dtype, rows)
         params, box = (Blob(DECODE_PARAMS.size), TMA_DESC), (min(page_size, cfg.block_n), 1, 64)
     else:
         family = registry.get("mla_decode_sm80")
@@ -142,7 +142,7 @@ def _kernels(q_shape, dtype: str, kv_dtype: str, head_dim_v: int, page_size: int
     row_tiles = -(-rows // cfg.block_m)
     grid, block = (parts, h_kv, row_tiles), (cfg.num_threads, 1, 1)
     if cfg.cluster is not None and not _clusters_fit(family, cfg, arch, device_index, grid, block, smem):
-        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, cfg.schedule, 1, kv_dtype)
+        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, cfg.schedule, 1, kv_dtype, rows)
     splitkv = family.launcher(cfg, arch, family.SPLITKV, device_index, params, grid, block, dynamic_smem=smem,
                               cluster=cfg.cluster)
     if cfg.fused_combine:

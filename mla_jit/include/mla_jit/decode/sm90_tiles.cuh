@@ -141,14 +141,15 @@ __device__ __forceinline__ uint32_t sw64_offset(int r, int c) {
 
 // P (thread tw's part of a 64 x 64 fp32 accumulator fragment) as e4m3 into a 64 x 64 K-major SW64
 // slab, columns in the slot order above: one 16-bit store per row and 8-token group (two tokens).
-template <typename Frag>
+// HALVES 1: only the thread's first row (row0; row0 + 8 is padding: compact rows).
+template <int HALVES = 2, typename Frag>
 __device__ __forceinline__ void store_p_e4m3_sw64(uint32_t slab, int tw, const Frag& s) {
   const int row0 = (tw / 32) * 16 + (tw % 32) / 4, col_lane = (tw % 4) * 2;
 #pragma unroll
   for (int j = 0; j < cute::size(s) / 4; ++j) {
     const int c = pv_slot_of_even_token(j * 8 + col_lane);
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < HALVES; ++h)
       st_shared_u16(slab + sw64_offset(row0 + 8 * h, c), pack_e4m3x2(s(j * 4 + h * 2), s(j * 4 + h * 2 + 1)));
   }
 }

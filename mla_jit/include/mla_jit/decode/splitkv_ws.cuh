@@ -369,7 +369,7 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
           int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int CLUSTER_M_ = 1,
-          bool KV_FP8_ = false, int SPARSE_KV_ = 0, int S_FIRST_GROUP_K_ = 18>
+          bool KV_FP8_ = false, int SPARSE_KV_ = 0, bool COMPACT_ROWS_ = false, int S_FIRST_GROUP_K_ = 18>
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_>;
   using Element = Element_;
@@ -416,6 +416,15 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // FlashMLA's FP8 records (1: in pages of PAGE_SIZE, de-quantized by the P V warpgroups) or bf16
   // rows (2: gathered straight into the stage). See the header's "Sparse".
   static constexpr bool kSparse = SPARSE_KV_ != 0;
+  // Compact rows (dense decode, at most 32 query rows a KV head: one row tile): query row r sits in
+  // tile row 16 (r / 8) + r % 8, the first row half of each warp's 16, so every WG0 thread's second
+  // accumulator row (row0 + 8) is padding and its softmax (row maxima, exponentials, sums, P packing
+  // and stores, the O rescale) runs for one row instead of two. The padding rows' Q is zero and their
+  // P is never written (stale bytes): their O is garbage and never stored.
+  static constexpr bool kCompactRows = COMPACT_ROWS_;
+  static constexpr int kRowHalves = kCompactRows ? 1 : 2;   // a WG0 thread's accumulator rows that are real
+  static constexpr int kTileQueryRows = kCompactRows ? BLOCK_M / 2 : BLOCK_M;
+  static_assert(!kCompactRows || (SPARSE_KV_ == 0 && CLUSTER_M == 1), "compact rows: the dense decode, one row tile");
   static constexpr bool kSparseFp8 = SPARSE_KV_ == 1;
   static_assert(SPARSE_KV_ >= 0 && SPARSE_KV_ <= 2, "SPARSE_KV: 0 (dense paged), 1 (FP8 records), 2 (bf16 rows)");
   static_assert(!kSparse || (cute::is_same_v<Element, cutlass::bfloat16_t> && !KV_FP8_ && !FUSED_COMBINE_ &&
@@ -615,6 +624,19 @@ __device__ __forceinline__ void ws_producer_start(const DecodeParams& p, Lens se
 __device__ __forceinline__ int ws_row0(int t) { return (t / 32) * 16 + (t % 32) / 4; }
 __device__ __forceinline__ int ws_col_lane(int t) { return (t % 4) * 2; }
 
+// The query row (of the CTA's KV head, < p.rows where real) of tile row `tile_row` of row tile
+// m_block: tile row i is row m_block BM + i, or with compact rows (Cfg::kCompactRows) row
+// 8 (i / 16) + i % 16 where i % 16 < 8, and none (kNoQueryRow) in the other half.
+constexpr int kNoQueryRow = 1 << 30;
+template <typename Cfg>
+__device__ __forceinline__ int ws_query_row(int m_block, int tile_row) {
+  if constexpr (Cfg::kCompactRows) {
+    return tile_row % 16 < 8 ? m_block * Cfg::kTileQueryRows + (tile_row / 16) * 8 + tile_row % 16 : kNoQueryRow;
+  } else {
+    return m_block * Cfg::BLOCK_M + tile_row;
+  }
+}
+
 // WG0's state through its tile loop: the register part of S's wgmma, its A operand Q[:, :kQRegCols]
 // in registers, S (then P) of the current tile, the walk, and the running max and sum of the
 // thread's two rows.
@@ -734,8 +756,8 @@ __device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::S
   uint32_t qx[2][kQGroups][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = m_block * BM + row0 + 8 * h;
-    const auto [s, head] = query_row(p, g, r);
+    const int r = ws_query_row<Cfg>(m_block, row0 + 8 * h);
+    const auto [s, head] = query_row(p, g, Cfg::kCompactRows && r >= p.rows ? 0 : r);
     const Element* qrow = qb + s * p.q_stride_s + head * p.q_stride_h + tq * kE;
 #pragma unroll
     for (int j = 0; j < kQGroups; ++j) {
@@ -887,7 +909,7 @@ __device__ __forceinline__ void ws_wait_s(typename Cfg::SharedStorage& ss, WsSof
 template <typename Cfg>
 __device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState<Cfg>& st, int row0, int col_lane,
                                            float (&sc)[2], float scale_log2, const int* valid_words) {
-  constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N;
+  constexpr int BN = Cfg::BLOCK_N;
   const int m_block = blockIdx.z;
   WsCursor& cur = st.cur;
   // Causal, bottom-right aligned: query s sees keys < L - s_q + s + 1. Keys < L - s_q + 1 are
@@ -895,8 +917,9 @@ __device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState
   // integer division (row / q_per_kv), a dependent chain on WG0's critical path.
   if (cur.tok + BN > cur.L - (p.causal ? p.s_q - 1 : 0)) {
     int lim[2];
+    if constexpr (Cfg::kCompactRows) lim[1] = kNoQueryRow;   // the padding half: not masked
 #pragma unroll
-    for (int h = 0; h < 2; ++h) lim[h] = visible_keys(p, cur.L, m_block * BM + row0 + 8 * h);
+    for (int h = 0; h < Cfg::kRowHalves; ++h) lim[h] = visible_keys(p, cur.L, ws_query_row<Cfg>(m_block, row0 + 8 * h));
     // A select, so NaN never survives.
     mask_invisible(st.tSrS, cur.tok, col_lane, lim);
   }
@@ -916,8 +939,9 @@ __device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState
   // 1 for almost every tile and the P V warpgroups skip the rescale (their multiplies
   // competed with this softmax for issue slots). Sparse: m_run is the exact max (max_logits).
   constexpr float kLazy = Cfg::kSparse ? 0.f : kLazyRescaleLog2;
+  if constexpr (Cfg::kCompactRows) sc[1] = 1.f;   // the padding half's O rescale
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < Cfg::kRowHalves; ++h) {
     const float mx = row_max(st.tSrS, h) * scale_log2;
     // -inf + 8 is -inf: a row's first visible key always moves it; an all-masked tile never.
     const bool move = mx > st.m_run[h] + kLazy;
@@ -940,8 +964,9 @@ __device__ __forceinline__ void ws_finish_rows(const DecodeParams& p, WsSoftmaxS
   // (else the combine kernel applies it).
   bool single = false;
   if constexpr (Cfg::kSparse) single = p.num_splits[st.cur.bi + 1] - p.num_splits[st.cur.bi] == 1;
+  if constexpr (Cfg::kCompactRows) fin[1] = 0.f;   // the padding half
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < Cfg::kRowHalves; ++h) {
     float l = st.l_run[h];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
@@ -978,11 +1003,11 @@ __device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSo
     pbuf = ss.aux + stage * (BM * BN);
   }
   if constexpr (Cfg::kFp8) {
-    store_p_e4m3_sw64(smem_addr(pbuf), tw, st.tSrS);
+    store_p_e4m3_sw64<Cfg::kRowHalves>(smem_addr(pbuf), tw, st.tSrS);
   } else {
     store_acc_sw128_stsm<Element, 64>(smem_addr(pbuf), tw, st.tSrS);
   }
-  if ((tw & 3) == 0) {
+  if ((tw & 3) == 0) {   // (compact rows: the padding half's scale is 1, so the P V side's skip test holds)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       ss.row_scale[stage][row0 + 8 * h] = sc[h];
@@ -1002,13 +1027,12 @@ __device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSo
 template <typename Cfg>
 __device__ __forceinline__ void ws_store_lse(const DecodeParams& p, WsSoftmaxState<Cfg>& st, int row0,
                                              const float (&lse2)[2]) {
-  constexpr int BM = Cfg::BLOCK_M;
   const int m_block = blockIdx.z, g = blockIdx.y;
   const int* meta = ws_meta(p);
   const PieceDest dest = piece_dest(p, st.cur.bi, st.cur.bi == meta[kMetaBeginBatch] ? meta[kMetaBeginSplit] : 0);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = m_block * BM + row0 + 8 * h;
+  for (int h = 0; h < Cfg::kRowHalves; ++h) {
+    const int r = ws_query_row<Cfg>(m_block, row0 + 8 * h);
     if (r < p.rows) {
       store_piece_lse<Cfg::kSparse>(p, dest, st.cur.bi, g, r, lse2[h]);
       if constexpr (Cfg::kSparse) store_max_logit(p, dest, st.cur.bi, g, r, st.m_run[h]);
@@ -1342,7 +1366,7 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
 template <typename Cfg, typename FragO>
 __device__ __forceinline__ void ws_store_o(const DecodeParams& p, typename Cfg::SharedStorage& ss, const FragO& tOrO,
                                            const WsTileInfo& info, int half, int row0, int col_lane, int tid) {
-  constexpr int BM = Cfg::BLOCK_M, DV = Cfg::HEAD_DIM_V;
+  constexpr int DV = Cfg::HEAD_DIM_V;
   const int m_block = blockIdx.z, g = blockIdx.y;
   const int* meta = ws_meta(p);
   const PieceDest dest = piece_dest(p, info.bi, info.bi == meta[kMetaBeginBatch] ? meta[kMetaBeginSplit] : 0);
@@ -1350,8 +1374,8 @@ __device__ __forceinline__ void ws_store_o(const DecodeParams& p, typename Cfg::
   const int slot = dest.slot;
   const int col_base = half * (DV / 2) + col_lane;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = m_block * BM + row0 + 8 * h;
+  for (int h = 0; h < Cfg::kRowHalves; ++h) {
+    const int r = ws_query_row<Cfg>(m_block, row0 + 8 * h);
     if (r >= p.rows) continue;
     if (single) {
       ws_store_out_row<Cfg>(p, tOrO, info.bi, r, h, col_base);
