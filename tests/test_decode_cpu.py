@@ -182,7 +182,9 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning)),
                              ("mla_decode_sm90", decode_config("bf16", 512, 512, 16, SM90.tuning)),
                              ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, "ws_unfused")),
-                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 16, SM90.tuning, "ws_unfused", 2))):
+                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 16, SM90.tuning, "ws_unfused", 2)),
+                             ("mla_decode_sm90", decode_config("bf16", 576, 512, 64, SM90.tuning, rows=16)),
+                             ("mla_decode_sm90", decode_config("e4m3", 576, 512, 64, SM90.tuning, rows=32))):
         _assert_compiles_clean(family_name, cfg)
 
 

@@ -341,6 +341,19 @@ def test_ws_schedule_with_and_without_fused_combine(schedule, case, monkeypatch)
     _check_case(case)
 
 
+@pytest.mark.parametrize("schedule", ["ws", "ws_unfused"])
+@pytest.mark.parametrize("case", [DecodeCase(2, 1, 9000, 32, 1, True), DecodeCase(2, 2, 9000, 16, 1, True, True),
+                                  DecodeCase(6, 2, 140, 32, 2, True, True, dtype=torch.float16),
+                                  DecodeCase(5, 3, 4096, 9, 1, True, True, d=512),
+                                  DecodeCase(3, 1, 300, 12, 1, True, False, page=16)], ids=str)
+def test_compact_rows_match_reference(schedule, case, monkeypatch):
+    """At most 32 query rows a KV head: the compact-rows kernels (query row r in tile row
+    16 (r / 8) + r % 8), with 9 .. 32 rows so that rows leave the first warp; causal and not, bf16
+    and fp16, d 576 and 512, splits merged by the kernel (ws) or by the combine kernel."""
+    monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", schedule)
+    _check_case(case)
+
+
 # Sequence ends at every offset around the half- and whole-tile marks, and the loop's piece changes.
 _TILE_EDGE_CASES = ([DecodeCase(1, 1, s_k, 16) for s_k in (1, 31, 32, 33, 63, 64, 65, 129)]
                   + [DecodeCase(6, 2, 4096, 64, 1, True, True), DecodeCase(2, 4, 16384, 128, 1, True, True, page=16),

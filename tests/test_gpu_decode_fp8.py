@@ -128,6 +128,10 @@ _FP8_GRID = [
     (_fp8(128, 16, 64, 128, 1, True, True, zero_lens=True), "lazy", {}),
     # Sequences ending in a tile's last slot, one past it, and one key.
     (_fp8(1, 1, 63, 16), "tensors", _WS), (_fp8(1, 1, 65, 16), "lazy", _UNFUSED), (_fp8(1, 1, 1, 16), "tensors", {}),
+    # Compact rows (9 .. 32 query rows a KV head: rows past 8 sit in other warps' row halves), causal
+    # and not, long sequences of a small batch (splits: the fused combine and o_accum).
+    (_fp8(2, 1, 9000, 32, 1, True), "tensors", _WS), (_fp8(2, 2, 9000, 16, 1, True, True), "lazy", _UNFUSED),
+    (_fp8(6, 2, 140, 32, 2, True, True), "tensors", _WS), (_fp8(5, 3, 4096, 9, 1, True, True), "lazy", {}),
 ]
 
 

@@ -112,6 +112,10 @@ _GRID = [
     (DecodeCase(2, 1, 4096, 128, 1, True, dtype=_FP16, d=512, page=16), "lazy", _WS),
     (DecodeCase(1, 1, 63, 16), "tensors", _WS), (DecodeCase(1, 1, 65, 16), "lazy", _UNFUSED),
     (DecodeCase(1, 1, 1, 16), "tensors", {}),
+    # Compact rows (9 .. 32 query rows a KV head), as in test_gpu_decode_fp8.py's grid.
+    (DecodeCase(2, 1, 9000, 32, 1, True), "tensors", _WS), (DecodeCase(2, 2, 9000, 16, 1, True, True), "lazy", _UNFUSED),
+    (DecodeCase(6, 2, 140, 32, 2, True, True, dtype=_FP16), "tensors", _WS),
+    (DecodeCase(5, 3, 4096, 9, 1, True, True, d=512), "lazy", {}),
 ]
 
 

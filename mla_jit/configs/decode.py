@@ -275,7 +275,7 @@ def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, ar
     kv_dtype = None if kv_dtype == dtype else kv_dtype
     return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N,
                         num_stages=stages_for(dtype, kv_dtype), schedule=schedule, cluster_m=cluster_m,
-                        kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2)
+                        kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2 and cluster_m == 1)
 
 
 @functools.lru_cache(maxsize=None)

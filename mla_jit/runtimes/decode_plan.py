@@ -140,6 +140,8 @@ def _kernels(q_shape, dtype: str, kv_dtype: str, head_dim_v: int, page_size: int
         params, box = (Blob(DECODE_PARAMS.size), PTR), None
     smem = _kernel_smem(family, cfg, arch, device_index)
     row_tiles = -(-rows // cfg.block_m)
+    # A compact-rows kernel holds 32 query rows in its one row tile: more would be dropped.
+    assert not getattr(cfg, "compact_rows", False) or rows <= cfg.block_m // 2, (cfg, rows)
     grid, block = (parts, h_kv, row_tiles), (cfg.num_threads, 1, 1)
     if cfg.cluster is not None and not _clusters_fit(family, cfg, arch, device_index, grid, block, smem):
         cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, cfg.schedule, 1, kv_dtype, rows)

@@ -723,7 +723,7 @@ __device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::S
   // Q goes to registers.)
   if constexpr (!Cfg::kFp8) {
     const int lr = tw / 2, c = tw % 2;
-    const int r = m_block * BM + lr;
+    const int r = ws_query_row<Cfg>(m_block, lr);
     const auto [s, head] = query_row(p, g, r);
     cp_async_16(smem_addr(ss.q16) + lr * 32 + ((c ^ ((lr / 4) % 2)) << 4),
                 r < p.rows ? qb + s * p.q_stride_s + head * p.q_stride_h + kQRegCols + c * 8 : qb, r < p.rows);
@@ -733,7 +733,7 @@ __device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::S
 #pragma unroll
     for (int i = 0; i < BM * 8 / 128; ++i) {
       const int idx = tw + 128 * i;
-      const int r = m_block * BM + idx / 8;
+      const int r = ws_query_row<Cfg>(m_block, idx / 8);
       const auto [s, head] = query_row(p, g, r);
       cp_async_16(smem_addr(ss.aux) + sw128_offset<BM>(idx / 8, (idx % 8) * 8),
                   r < p.rows ? qb + s * p.q_stride_s + head * p.q_stride_h + DV + (idx % 8) * 8 : qb, r < p.rows);
