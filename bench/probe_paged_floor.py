@@ -1,9 +1,10 @@
 """The fixed cost of one fp8_paged_mqa_logits call against its bandwidth, batch 64 (the rows whose
 goal is 1.2x DeepGEMM): average contexts of 64 keys (one or two tiles an entry: launch, start-up
 and tail only) up to 32768, next_n 1 and 2, all interleaved call by call as bench_indexer.py times
-them (CUDA events, L2 flushed before each call, median of 20), then each call's kernel alone
-(torch.profiler, median of 5), and a device copy of the longest row's key bytes for reference.
-time = fixed + key bytes / bandwidth says what is left to cut where.
+them (CUDA events, the benchmark's 8 GB L2 flush before each call, median of 20), then each call's
+kernel alone (torch.profiler, median of 5), and for reference a device copy and a read-only pass (a
+max reduction) over the longest row's key bytes, timed the same way. time = fixed + key bytes /
+bandwidth says what is left to cut where.
 
 Usage: python3 bench/probe_paged_floor.py
 """
@@ -20,7 +21,7 @@ AVG_CONTEXTS = (64, 2048, 8192, 32768)
 
 
 def main() -> None:
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = torch.empty(8 << 30, dtype=torch.uint8, device="cuda")   # as bench_indexer.py
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     calls, key_bytes = {}, {}
     for next_n in (1, 2):
@@ -49,10 +50,12 @@ def main() -> None:
         inc = (nbytes - b0) / (t - t0) / 1e3 if avg != 64 else float("nan")
         print(f"{next_n:>6} {avg:>8} {nbytes / 1e6:>8.1f} {t:>8.1f} {kernel_us[next_n, avg]:>10.1f} "
               f"{nbytes / t / 1e3:>8.0f} {inc:>18.0f}")
-    src = torch.empty(max(key_bytes.values()), dtype=torch.uint8, device="cuda")
+    src = torch.zeros(max(key_bytes.values()), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    (t,) = time_interleaved([(lambda: None, lambda: dst.copy_(src))], flush)
-    print(f"device copy of {src.numel() / 1e6:.1f} MB: {t:.1f} us, {2 * src.numel() / t / 1e3:.0f} GB/s (read + write)")
+    words = src.view(torch.int32)
+    t_copy, t_read = time_interleaved([(lambda: None, lambda: dst.copy_(src)), (lambda: None, words.max)], flush)
+    print(f"device copy of {src.numel() / 1e6:.1f} MB: {t_copy:.1f} us, {2 * src.numel() / t_copy / 1e3:.0f} GB/s "
+          f"(read + write); a max reduction over it: {t_read:.1f} us, {src.numel() / t_read / 1e3:.0f} GB/s (read)")
 
 
 if __name__ == "__main__":

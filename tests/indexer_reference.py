@@ -95,16 +95,25 @@ def paged_logits_reference(q: torch.Tensor, kv_cache: torch.Tensor, weights: tor
     return logits, magnitude, limits
 
 
-def expected_schedule(context_lens: torch.Tensor, num_ctas: int, tile_keys: int = 64) -> list[tuple[int, int]]:
-    """Where each CTA's range of 64-key tiles starts (get_paged_mqa_logits_metadata's contract)."""
+def _entry_tiles(context_lens: torch.Tensor, tile_keys: int = 64) -> list[int]:
     lens = context_lens.long().cpu()
     keys = (lens.amax(1) if lens.dim() == 2 else lens).clamp(min=0)
-    tiles = ((keys + tile_keys - 1) // tile_keys).tolist()
-    total = sum(tiles)
+    return ((keys + tile_keys - 1) // tile_keys).tolist()
+
+
+def expected_schedule(context_lens: torch.Tensor, num_ctas: int, tile_keys: int = 64) -> list[tuple[int, int]]:
+    """Where each CTA's range of 64-key tiles starts (get_paged_mqa_logits_metadata's contract)."""
+    total = sum(_entry_tiles(context_lens, tile_keys))
     q, r = divmod(total, num_ctas)
+    return schedule_at(context_lens, [c * q + min(c, r) for c in range(num_ctas + 1)], tile_keys)
+
+
+def schedule_at(context_lens: torch.Tensor, starts: list[int], tile_keys: int = 64) -> list[tuple[int, int]]:
+    """A schedule whose CTA c starts at the starts[c]-th tile of the batch (non-decreasing; a start on
+    an entry's end points at the next entry with tiles, the total at {b, 0})."""
+    tiles = _entry_tiles(context_lens, tile_keys)
     out = []
-    for c in range(num_ctas + 1):
-        start = c * q + min(c, r)
+    for start in starts:
         first = 0
         for bi, n in enumerate(tiles):
             if start < first + n:

@@ -12,7 +12,7 @@ import torch
 import mla_jit
 
 from .indexer_reference import (expected_schedule, mqa_logits_reference, paged_cache, paged_logits_reference,
-                                quantize_rows)
+                                quantize_rows, schedule_at)
 
 pytestmark = pytest.mark.gpu
 
@@ -273,6 +273,26 @@ def test_paged_logits_few_ctas_many_chunks(page, num_sms, family):
     q, cache, w, cl, table, max_len = _paged_inputs(len(lens), 2, 64, 128, page, lens, seed=31 + page)
     got = _run_paged(q, cache, w, cl, table, max_len + 64, clean=True, num_sms=num_sms)
     _check_paged(got, q, cache, w, cl, table, max_len + 64, True)
+
+
+@pytest.mark.parametrize("page", [32, 64])
+def test_paged_logits_uneven_schedules(page, family):
+    """Schedules other than the metadata's even split (any non-decreasing cut of the tiles is valid):
+    one CTA owning every tile while the others own none, ranges of random sizes with empty ones among
+    them (cut inside entries and on their ends), grids of several sizes one after the other."""
+    lens = [3000, 0, 129, 4500, 64, 1, 2200, 700]
+    q, cache, w, cl, table, max_len = _paged_inputs(len(lens), 2, 32, 128, page, lens, seed=41 + page)
+    total = sum(-(-x // 64) for x in lens)
+    gen = torch.Generator().manual_seed(page)
+    cuts = {"one owner": lambda r: [0] + [total] * r,
+            "last owner": lambda r: [0] * r + [total],
+            "random": lambda r: [0] + sorted(torch.randint(0, total + 1, (r - 1,), generator=gen).tolist()) + [total]}
+    for ctas in (8, 33, 2, 132):
+        for name, starts in cuts.items():
+            schedule = torch.tensor(schedule_at(cl, starts(ctas)), dtype=torch.int32, device="cuda")
+            _poison_allocator(1 << 24)
+            got = mla_jit.fp8_paged_mqa_logits(q, cache, w, cl, table, schedule, max_len, clean_logits=True)
+            _check_paged(got, q, cache, w, cl, table, max_len, True)
 
 
 def test_paged_logits_head_dim_64_and_zero_lengths(family):
