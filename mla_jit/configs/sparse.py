@@ -20,7 +20,7 @@ from .decode import SPARSE_KV, SUPPORTED_PAGE_SIZES, Sm80DecodeConfig, _sm80_sme
 from .fields import check_fields
 
 # FlashMLA's V3.2 FP8 record of a token: 512 e4m3 values, 4 float32 scales (one per 128 values),
-# 64 bf16 rope values.
+# 64 bf16 rope values (the kernels' V32Record, include/mla_jit/decode/records.cuh).
 RECORD_BYTES = 656
 HEAD_DIM, HEAD_DIM_V = 576, 512
 # Sparse prefill over bf16 rows: d_qk 576 (V3.2) or 512 (V4).

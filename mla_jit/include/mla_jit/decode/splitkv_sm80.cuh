@@ -75,6 +75,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "records.cuh"
 #include "mla_jit/common/e4m3.cuh"
 #include "mla_jit/common/sm80.cuh"
 
@@ -94,7 +95,8 @@ enum SparseKV : int { kDenseKV = 0, kSparseFp8Records = 1, kSparseBf16Rows = 2 }
 enum KvFp8 : int { kKvElement = 0, kKvE4m3Bits = 1, kKvE4m3Cvt = 2 };
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_, int BLOCK_N_,
           int NUM_STAGES_, int NUM_WARPS_, int SMEM_LIMIT_, int SPARSE_KV_ = kDenseKV, int KV_FP8_ = kKvElement,
-          typename QElement_ = Element_, typename OutElement_ = Element_, int FP8_K_STAGES_ = 2>
+          typename QElement_ = Element_, typename OutElement_ = Element_, int FP8_K_STAGES_ = 2,
+          typename RECORD_ = V32Record>
 struct SplitKVSm80Config {
   using Element = Element_;
   using QElement = QElement_;
@@ -199,11 +201,16 @@ struct SplitKVSm80Config {
   static constexpr int kCvtTokens = NUM_THREADS / kCvtThreads;
   static_assert(!kKvFp8 || (kCvtThreads % 8 == 0 && BLOCK_N % kCvtTokens == 0), "e4m3 conversion passes");
 
-  // Sparse decode over FP8 records: a token's record is 512 e4m3 values, 4 float32 scales (one per
-  // 128 values) and 64 bf16 rope values. The first 528 bytes land in a landing slot (one per stage),
-  // the rope straight in its K stage row; a byte per token says whether its index was valid.
+  // Sparse decode over FP8 records (records.cuh; V3.2: 512 e4m3 values, 4 float32 scales, one per
+  // 128 values, and 64 bf16 rope values). The values and scales land in a landing slot (one per
+  // stage), the rope straight in its K stage row; a byte per token says whether its index was valid.
   // (An e4m3 cache's landing row: the token's HEAD_DIM values.)
-  static constexpr int kRecordBytes = 656, kNopeBytes = 512, kLandRowBytes = kKvFp8 ? HEAD_DIM : 528;
+  using Record = RECORD_;
+  static_assert(!kSparseFp8 || (Record::kNopeValues == HEAD_DIM_V && Record::kRopeValues == HEAD_DIM - HEAD_DIM_V &&
+                                Record::kValuesPerScale % 16 == 0),
+                "FP8 records: the nope values are V, the rope the rest of K; a scale covers whole 16-byte chunks");
+  static constexpr int kRecordBytes = Record::kBytes, kNopeBytes = Record::kNopeValues;
+  static constexpr int kLandRowBytes = kKvFp8 ? HEAD_DIM : Record::kRopeOffset;
   static constexpr int kRecordChunks = kRecordBytes / 16, kLandChunks = kLandRowBytes / 16;
   static constexpr int kLandBytes = kSparseFp8 || kKvFp8 ? NUM_STAGES * BLOCK_N * kLandRowBytes : 0;
   static constexpr int kFlagBytes = kSparse ? (NUM_STAGES * BLOCK_N + 15) / 16 * 16 : 0;
@@ -470,8 +477,9 @@ struct KVProducer {
     cp_async_commit();
     stage = stage + 1 == NS ? 0 : stage + 1;
   }
-  // Sparse: this thread's chunks c = q + TPT i of its token's record: 0-32 (e4m3 values, scales) to
-  // the landing slot, 33-40 (rope) to K chunks 64-71; invalid tokens zero-filled (never read).
+  // Sparse: this thread's chunks c = q + TPT i of its token's record: below kLandChunks (e4m3 values,
+  // scales; V3.2: 0-32) to the landing slot, the rope's (33-40) to the K row's chunks after the nope
+  // values' (64-71); invalid tokens zero-filled (never read).
   __device__ __forceinline__ void issue_record(const DecodeParams& p, const typename Cfg::CacheT* k_cache, unsigned sKV,
                                                unsigned sAux, const Lengths<Cfg::kSparse>& seqlens) {
     if (cur.valid()) {
@@ -489,7 +497,7 @@ struct KVProducer {
         const int c = q + TPT * i;
         if (c < Cfg::kLandChunks) {
           cp_async_16(land + unsigned(c) * 16u, rec + c * 16, bytes);
-        } else if (c < Cfg::kRecordChunks) {  // rope chunk j = c - 33 -> K chunk 64 + j (swizzled)
+        } else if (c < Cfg::kRecordChunks) {  // rope chunk j = c - kLandChunks -> K chunk 64 + j (swizzled)
           cp_async_16(krow + unsigned((((c - Cfg::kLandChunks) ^ r7) * 16) + (Cfg::kNopeBytes / 8) * 16),
                       rec + c * 16, bytes);
         }
@@ -528,7 +536,9 @@ __device__ __forceinline__ void dequant_tile(unsigned sLand, unsigned sK, int ti
     unsigned w0, w1;
     float scale;
     asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w0), "=r"(w1) : "r"(row + unsigned(c8 * 8)));
-    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(scale) : "r"(row + unsigned(Cfg::kNopeBytes + (c8 / 16) * 4)));
+    asm volatile("ld.shared.f32 %0, [%1];\n"
+                 : "=f"(scale)
+                 : "r"(row + unsigned(Cfg::Record::kScaleOffset + (c8 / (Cfg::Record::kValuesPerScale / 8)) * 4)));
     unsigned out[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {

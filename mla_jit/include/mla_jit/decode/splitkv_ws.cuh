@@ -123,6 +123,7 @@
 #pragma once
 
 #include "combine.cuh"
+#include "records.cuh"
 #include "sm90_tiles.cuh"
 
 namespace mla_jit {
@@ -369,7 +370,8 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
           int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int CLUSTER_M_ = 1,
-          bool KV_FP8_ = false, int SPARSE_KV_ = 0, bool COMPACT_ROWS_ = false, int S_FIRST_GROUP_K_ = 18>
+          bool KV_FP8_ = false, int SPARSE_KV_ = 0, bool COMPACT_ROWS_ = false, int S_FIRST_GROUP_K_ = 18,
+          typename RECORD_ = V32Record>
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_>;
   using Element = Element_;
@@ -433,8 +435,13 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   static_assert(!kSparseFp8 || (HEAD_DIM_ == 576 && NUM_STAGES_ == 2), "FP8 records: d 576, 2 stages, a record slot");
   // The P V warpgroups de-quantize each tile into its 16-bit stage and announce it on kv_ready.
   static constexpr bool kDequantInPv = kKvFp8 || kSparseFp8;
-  // FlashMLA's V3.2 FP8 record of a token: 512 e4m3, 4 float32 scales (one per 128 values), 64 bf16.
-  static constexpr int kRecordBytes = 656;
+  // The FP8 record of a token (records.cuh). ws_gather_slot / ws_dequant_records map threads onto the
+  // V3.2 geometry: 4 threads a token, a quarter (128 values and its scale, 2 rope chunks) each.
+  using Record = RECORD_;
+  static_assert(!kSparseFp8 || (Record::kNopeValues == 512 && Record::kValuesPerScale == 128 &&
+                                Record::kRopeValues == 64 && HEAD_DIM_ == Record::kNopeValues + Record::kRopeValues),
+                "FP8 records: the V3.2 geometry (512 e4m3 in 4 scaled quarters, 64 bf16 rope)");
+  static constexpr int kRecordBytes = Record::kBytes;
   // Sparse: slots of the per-token valid bits, by tile (tile m's in slot m % kFlagSlots). Records
   // are gathered two tiles ahead of their stage's reuse, so 4 slots; bf16 rows a slot per stage.
   static constexpr int kFlagSlots = kSparseFp8 ? 4 : NUM_STAGES_;
@@ -1246,20 +1253,23 @@ __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& 
   const uint32_t src = valid ? smem_addr(ss.records) + r * R : smem_addr(ss.null_record);
   const uint32_t dst = smem_addr(ss.kv[s]);
   auto chunk_addr = [&](int c) { return dst + sw128_offset<BN>(r, 8 * c); };  // columns 8 c .. 8 c + 7
-  const float scale = ld_shared_f32(src + 512 + 4 * q);  // one per 128 values
+  using Rec = typename Cfg::Record;
+  const float scale = ld_shared_f32(src + Rec::kScaleOffset + 4 * q);  // one per quarter (kValuesPerScale values)
   auto cvt = [&](uint32_t w) {  // the two e4m3 of w's low 16 bits, scaled, as bf16x2
     const float2 f = e4m3x2_to_float2(w);
     return ElemTraits<cutlass::bfloat16_t>::pack2(f.x * scale, f.y * scale);
   };
 #pragma unroll 1
   for (int k = 0; k < 8; ++k) {
-    const uint4 x = ld_shared_v4(src + q * 128 + k * 16);
+    const uint4 x = ld_shared_v4(src + q * Rec::kValuesPerScale + k * 16);
     const int c = 16 * q + 2 * k;  // columns 8 c .. 8 c + 15
     st_shared_v4(chunk_addr(c), make_uint4(cvt(x.x), cvt(x.x >> 16), cvt(x.y), cvt(x.y >> 16)));
     st_shared_v4(chunk_addr(c + 1), make_uint4(cvt(x.z), cvt(x.z >> 16), cvt(x.w), cvt(x.w >> 16)));
   }
 #pragma unroll
-  for (int k = 0; k < 2; ++k) st_shared_v4(chunk_addr(64 + 2 * q + k), ld_shared_v4(src + 528 + 32 * q + 16 * k));
+  for (int k = 0; k < 2; ++k) {   // the rope's 8 chunks after the nope's 64 in the K row, 2 a quarter
+    st_shared_v4(chunk_addr(Rec::kNopeValues / 8 + 2 * q + k), ld_shared_v4(src + Rec::kRopeOffset + 32 * q + 16 * k));
+  }
   fence_proxy_async_shared();  // read by wgmma (async proxy)
   __syncwarp();
   if (t % 32 == 0) mbarrier_arrive(&ss.kv_ready[s]);
