@@ -26,15 +26,13 @@ import itertools
 import json
 import math
 import os
-import statistics
-import time
 
 import importlib
 
 import torch
 
 import mla_jit
-from timing import time_interleaved  # noqa: E402  (bench/ is sys.path[0])
+from timing import host_times_interleaved, time_interleaved  # noqa: E402  (bench/ is sys.path[0])
 
 COPY_GBPS = 4273.0      # H200 copy bandwidth (read + write), measured with the anchors
 MATMUL_TFLOPS = 790.0   # H200 bf16 matmul, measured with the anchors
@@ -100,32 +98,6 @@ def _env_setter(values: dict[str, str | None]):
     return setup
 
 
-def host_time_us(fn, calls: int = 200, rounds: int = 10) -> float:
-    """Host (enqueue) time of fn per call, median of rounds. The GPU is held busy by a sleep
-    kernel while a round is enqueued, so the figure is host work alone: without it, a call whose
-    GPU time exceeds its host time would be timed at the GPU's pace (the launch queue fills)."""
-    samples = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time: longer than the round's enqueueing
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
-
-
-def host_times_interleaved(fns: dict, calls: int = 200, rounds: int = 30) -> dict[str, float]:
-    """host_time_us of each function, the functions taking turns round by round, in an order that
-    rotates every round (host speed drifts, and a variant's time depends on what ran before it:
-    compare variants only within one such run)."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            samples[name].append(host_time_us(fns[name], calls=calls, rounds=1))
-    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def spec_rows(flush: torch.Tensor, json_path: str | None) -> None:

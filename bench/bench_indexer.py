@@ -6,7 +6,8 @@ machine: its figures are the H200 ones in ANCHORS.md (printed beside ours for th
     (the clean pass is part of the call); TFLOPS = 2 * sum(ke - ks) * H * D / t.
   fp8_paged_mqa_logits: H 64, D 128, lengths uniform in [0.7, 1.3] x avg, clean off (what engines
     pass); GB/s = (q + weights + lens + sum_len * (D + 4) + sum_len / 64 * 4 + sum_len * next_n * 4) / t.
-  get_paged_mqa_logits_metadata: its own time. Host time of a warm fp8_paged_mqa_logits call (median).
+  get_paged_mqa_logits_metadata: its own time. Host time of a warm fp8_paged_mqa_logits call (median of
+  rounds, enqueued while a sleep kernel holds the GPU: timing.host_time_us).
 
 --arch sm_80 / sm_89 times the mma.sync kernels on this GPU (MLA_JIT_ARCH) and reports TFLOPS as a
 fraction of this GPU's mma.sync ceiling for their instruction (bench/probe_mma_sync.py: f16 m16n8k16
@@ -22,7 +23,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import time_interleaved  # noqa: E402
+from timing import host_time_us, time_interleaved  # noqa: E402
 
 import importlib  # noqa: E402
 
@@ -116,8 +117,8 @@ def bench_paged(flush, rows):
                                                                   max_model_len))
         variants.append((lambda: None, lambda: mla_jit.get_paged_mqa_logits_metadata(lens, 64, num_sms)))
         t, *other, t_meta = time_interleaved(variants, flush)
-        host = [_host_us(lambda pkg=pkg: pkg.fp8_paged_mqa_logits(q, cache, weights, lens, table, schedule,
-                                                                   max_model_len))
+        host = [host_time_us(lambda pkg=pkg: pkg.fp8_paged_mqa_logits(q, cache, weights, lens, table, schedule,
+                                                                       max_model_len))
                 for pkg in ([mla_jit] + ([AGAINST] if AGAINST else []))]
         sum_lens = int(lens.long().sum())
         in_bytes = q.numel() + weights.numel() * 4 + lens.numel() * 4 + sum_lens * (D + 4) + sum_lens / 64 * 4
@@ -130,20 +131,6 @@ def bench_paged(flush, rows):
                     "host_us": host})
         del cache, q, weights, table
     return out
-
-
-def _host_us(fn, calls: int = 200) -> float:
-    """Host time of a warm call (median of `calls`): the launches queue, the GPU is not waited for."""
-    import time
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return sorted(times)[calls // 2]
 
 
 def main():

@@ -2,7 +2,7 @@
 
 An empty kernel with the split-KV kernel's parameters (a 160-byte struct and a 128-byte TMA
 descriptor, by value), grid 132 x 384 threads, launched N times per path; per-call host time is the
-median of rounds, enqueued while a sleep kernel holds the GPU (bench_decode.host_time_us).
+median of rounds, enqueued while a sleep kernel holds the GPU (timing.host_time_us).
 Paths: mla_jit's PreparedLaunch (cuda.bindings cuLaunchKernelEx), cuda.bindings cuLaunchKernel,
 and libcuda's cuLaunchKernel / cuLaunchKernelEx called through ctypes.
 Usage: python bench/probe_launch.py"""
@@ -21,7 +21,7 @@ from mla_jit.jit.launch import TMA_DESC, Blob, Immutable, PreparedLaunch
 from mla_jit.jit.loader import get_kernel
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_decode import host_time_us  # noqa: E402
+from timing import host_time_us  # noqa: E402
 
 SOURCE = r"""
 struct Params { long long w[20]; };

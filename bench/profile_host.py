@@ -8,7 +8,8 @@ from mla_jit.runtimes import decode_plan as runtime
 from mla_jit.runtimes import workspace
 from mla_jit.runtimes.decode import DECODE_PARAMS
 
-from bench_decode import host_time_us, make_inputs
+from bench_decode import make_inputs
+from timing import host_time_us
 
 
 def per_call_us(fn):
