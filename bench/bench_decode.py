@@ -48,6 +48,14 @@ ANCHOR_ROWS = [
     (128, 1, 4096, 32, 0, 178.0), (128, 1, 32768, 32, 0, 1166.9), (128, 1, 4096, 64, 0, 185.1),
     (128, 1, 32768, 64, 0, 1190.0),
 ]
+# vLLM's FP8 decode (flash_mla_with_kvcache_fp8, the FP8 peer), ANCHORS.md's H200 table:
+# (b, s_q, s_k, h_q) -> us, causal for s_q > 1 (at s_q 1 the mask is empty).
+VLLM_FP8_US = {
+    (32, 1, 4096, 64): 51.6, (32, 1, 32768, 32): 214.0, (32, 1, 32768, 64): 219.0, (128, 1, 4096, 16): 134.8,
+    (128, 1, 4096, 32): 141.1, (128, 1, 4096, 64): 168.6, (128, 1, 32768, 16): 798.1, (128, 1, 32768, 32): 803.5,
+    (128, 1, 32768, 64): 809.7, (128, 1, 4096, 128): 237.3, (128, 4, 4096, 128): 955.8, (128, 4, 4096, 16): 141.6,
+    (128, 8, 4096, 16): 238.8, (128, 16, 4096, 16): 443.2, (128, 8, 4096, 128): 1954.7, (128, 16, 4096, 128): 3457.2,
+}
 D, DV, H_KV, PAGE = 576, 512, 1, 64
 # Speculative decoding shapes (b, s_q, s_k, h_q, causal): s_q 1, 4, 8, 16 query tokens a sequence.
 SPEC_SHAPES = [(128, s_q, s_k, h_q, int(s_q > 1)) for h_q, s_k in itertools.product((16, 128), (1024, 4096))
@@ -126,12 +134,14 @@ def spec_rows(flush: torch.Tensor, json_path: str | None) -> None:
 def fp8_rows(flush: torch.Tensor, json_path: str | None, anchor_rows: int, against=None) -> None:
     """Our bf16 decode, our FP8 decode (e4m3 q and cache) and our bf16 q over the e4m3 cache, on the
     same inputs (the FP8 ones quantized from the bf16 ones), interleaved call by call: the anchor
-    rows, then SPEC_SHAPES. TFLOPS and GB/s are the FP8 decode's (1-byte q and cache). `against`
-    (another copy of the package): its FP8 decode too, in the same interleaving."""
+    rows, then SPEC_SHAPES. TFLOPS and GB/s are the FP8 decode's (1-byte q and cache); "x vLLM" is
+    vLLM's FP8 decode time on that shape (ANCHORS.md, VLLM_FP8_US) over ours. `against` (another copy
+    of the package): its FP8 decode too, in the same interleaving."""
     shapes = list(dict.fromkeys([row[:5] for row in ANCHOR_ROWS[:anchor_rows]] + SPEC_SHAPES))
     rows = []
     print(f"{'b':>4} {'sq':>2} {'sk':>6} {'hq':>4} {'c':>1} {'bf16 us':>8} {'fp8 us':>8} {'ratio':>6} "
-          f"{'TFLOPS':>7} {'GB/s':>6} {'kv8 us':>8} {'ratio':>6}" + (f" {'vs fp8 us':>9} {'ratio':>6}" if against else ""))
+          f"{'TFLOPS':>7} {'GB/s':>6} {'kv8 us':>8} {'ratio':>6} {'x vLLM':>6}"
+          + (f" {'vs fp8 us':>9} {'ratio':>6}" if against else ""))
     for b, s_q, s_k, h_q, causal in shapes:
         q, k_cache, block_table, lens = make_inputs(b, s_q, s_k, h_q)
         (q8, descale_q), (k8, descale_k) = quantize_e4m3(q), quantize_e4m3(k_cache)
@@ -149,12 +159,14 @@ def fp8_rows(flush: torch.Tensor, json_path: str | None, anchor_rows: int, again
                 descale_k=descale_k)))
         bf16_us, fp8_us, kv8_us, *vs_us = time_interleaved(calls, flush)
         flop, nbytes = flop_and_bytes(b, s_q, h_q, lens, elem_bytes=1)
+        vllm_us = VLLM_FP8_US.get((b, s_q, s_k, h_q)) if causal == int(s_q > 1) else None
         rows.append({"b": b, "s_q": s_q, "s_k": s_k, "h_q": h_q, "causal": causal, "bf16_us": bf16_us,
                      "us": fp8_us, "ratio": bf16_us / fp8_us, "tflops": flop / fp8_us / 1e6,
                      "gbps": nbytes / fp8_us / 1e3, "kv8_us": kv8_us, "kv8_ratio": bf16_us / kv8_us,
-                     **({"against_fp8_us": vs_us[0]} if vs_us else {})})
+                     "vllm_fp8_us": vllm_us, **({"against_fp8_us": vs_us[0]} if vs_us else {})})
+        x_vllm = f"{vllm_us / fp8_us:6.3f}" if vllm_us else f"{'-':>6}"
         print(f"{b:>4} {s_q:>2} {s_k:>6} {h_q:>4} {causal:>1} {bf16_us:8.1f} {fp8_us:8.1f} {bf16_us / fp8_us:6.3f} "
-              f"{flop / fp8_us / 1e6:7.0f} {nbytes / fp8_us / 1e3:6.0f} {kv8_us:8.1f} {bf16_us / kv8_us:6.3f}"
+              f"{flop / fp8_us / 1e6:7.0f} {nbytes / fp8_us / 1e3:6.0f} {kv8_us:8.1f} {bf16_us / kv8_us:6.3f} {x_vllm}"
               + (f" {vs_us[0]:9.1f} {vs_us[0] / fp8_us:6.3f}" if vs_us else ""), flush=True)
         del q, k_cache, q8, k8, block_table
         torch.cuda.empty_cache()
