@@ -36,7 +36,8 @@ def quantize_records(kv: torch.Tensor, pow2_scales: bool = True) -> tuple[torch.
     """(records (num_blocks, page, 1, 656) uint8, the de-quantized cache (num_blocks, page, 576) float32,
     each value exactly as the kernel sees it: e4m3 x scale rounded once to bf16, rope as bf16)."""
     num_blocks, page, _ = kv.shape
-    rec = torch.empty((num_blocks, page + 1, RECORD_BYTES), dtype=torch.uint8, device=kv.device)[:, :page]
+    # (a slot of gap after each page, 0xFF: NaN scales and values, which a read past a page would show)
+    rec = torch.full((num_blocks, page + 1, RECORD_BYTES), 0xFF, dtype=torch.uint8, device=kv.device)[:, :page]
     deq = torch.empty((num_blocks, page, D), dtype=torch.float32, device=kv.device)
     scales = rec[..., NOPE:NOPE + 16].view(torch.float32)
     for g in range(NOPE // GROUP):

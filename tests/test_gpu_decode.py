@@ -9,10 +9,10 @@ import mla_jit
 
 from .decode_inputs import DecodeCase, case_seed, make_inputs
 from .decode_reference import mla_decode_reference
+from .helpers import call_with_poisoned_outputs
 
 pytestmark = pytest.mark.gpu
 
-FP8 = torch.float8_e4m3fn
 
 
 def _grid() -> list[DecodeCase]:
@@ -51,26 +51,21 @@ def _grid() -> list[DecodeCase]:
     return cases
 
 
-def _poison_allocator(*shapes_dtypes):
-    """Best effort: hand NaN-filled blocks back to the caching allocator so the op's outputs start
-    as NaN rather than as zeros or old results (unwritten elements then fail the checks)."""
-    for shape, dtype in shapes_dtypes:
-        torch.full(shape, float("nan"), dtype=dtype, device="cuda")
-
-
 def _run(case: DecodeCase, q, k_cache, block_table, lens, api: str = "tensors", **descales):
     """One call through FlashMLA's long-standing API ("tensors": get_mla_metadata(...) returns the
     schedule) or its current one ("lazy": get_mla_metadata() returns an empty FlashMLASchedMeta
-    that the call fills). With `descales` (e4m3 q and cache), through vLLM's flash_mla_with_kvcache_fp8."""
-    if api == "lazy":
-        metadata, num_splits = mla_jit.get_mla_metadata()
-    else:
-        metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
-    out_dtype = torch.bfloat16 if q.dtype == FP8 else q.dtype
-    _poison_allocator(((case.b, case.s_q, case.h_q, case.dv), out_dtype), ((case.b, case.h_q, case.s_q),
-                                                                           torch.float32))
+    that the call fills). With `descales` (e4m3 q and cache), through vLLM's flash_mla_with_kvcache_fp8.
+    The outputs start as NaN (call_with_poisoned_outputs: the call runs twice, schedule included)."""
     decode = mla_jit.flash_mla_with_kvcache_fp8 if descales else mla_jit.flash_mla_with_kvcache
-    return decode(q, k_cache, block_table, lens, case.dv, metadata, num_splits, causal=case.causal, **descales)
+
+    def call():
+        if api == "lazy":
+            metadata, num_splits = mla_jit.get_mla_metadata()
+        else:
+            metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
+        return decode(q, k_cache, block_table, lens, case.dv, metadata, num_splits, causal=case.causal, **descales)
+
+    return call_with_poisoned_outputs(call)
 
 
 def assert_decode_close(out, lse, ref_out, ref_lse):
@@ -85,7 +80,10 @@ def assert_decode_close(out, lse, ref_out, ref_lse):
         assert cos_diff < 5e-6, f"cosine difference {cos_diff:.3g}"
     inf_ref = torch.isinf(ref_lse)
     assert torch.equal(torch.isinf(lse), inf_ref), "lse infinities differ from the reference"
+    assert torch.equal(lse[inf_ref], ref_lse[inf_ref]), "lse: +inf (no key) expected"
     assert not torch.isnan(lse).any()
+    # Rows without a key: exactly zero (lse (b, h, s) against out (b, s, h, dv)).
+    assert (out[inf_ref.transpose(1, 2)] == 0).all(), "out of a row without keys is not 0"
     finite = ~inf_ref
     lse_close = ((lse - ref_lse).abs() <= 1e-6) | ((lse - ref_lse).abs() <= 1.25e-4 * ref_lse.abs())
     assert lse_close[finite].all(), f"lse max abs err {(lse - ref_lse)[finite].abs().max():.3g}"
@@ -115,6 +113,8 @@ def _check_case(case: DecodeCase) -> None:
 def test_all_sequences_empty():
     case = DecodeCase(4, 2, 64, 16)
     q, k_cache, block_table, _ = make_inputs(case)
+    k_cache.fill_(float("nan"))        # nothing may be read ...
+    block_table.fill_(1 << 30)         # ... nor any page looked up
     lens = torch.zeros(4, dtype=torch.int32, device="cuda")
     out, lse = _run(case, q, k_cache, block_table, lens)
     torch.cuda.synchronize()
@@ -302,9 +302,13 @@ def test_scores_growing_along_the_sequence(schedule, case, monkeypatch):
     a sequence) against the reference, with an explicit softmax_scale of 1."""
     monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", schedule)
     q, k_cache, block_table, lens = _growing_scores_inputs(case, rise=60.0)
-    metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
-    out, lse = mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, case.dv, metadata, num_splits,
+
+    def call():
+        metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
+        return mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, case.dv, metadata, num_splits,
                                               softmax_scale=1.0, causal=case.causal)
+
+    out, lse = call_with_poisoned_outputs(call)
     torch.cuda.synchronize()
     ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, lens, case.dv, softmax_scale=1.0,
                                             causal=case.causal)

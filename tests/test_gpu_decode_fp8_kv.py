@@ -129,8 +129,9 @@ def test_16bit_q_over_fp8_cache_matches_reference(case, api, env, monkeypatch):
 def test_descale_k_is_read_on_the_gpu_and_none_means_one():
     """descale_k scales S and V (a wrong factor on either fails the reference); None reads 1.0."""
     case = DecodeCase(6, 2, 700, 64, 1, True, True)
-    (q, k8, block_table, lens, descale_k), _ = _check(case)
+    (q, k8, block_table, lens, descale_k), (first_out, first_lse) = _check(case)
     _, (out, lse) = _check(case)   # same inputs (seeded): same bits
+    assert torch.equal(out, first_out) and torch.equal(lse, first_lse)
     metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q, 1)
     one_out, one_lse = mla_jit.flash_mla_with_kvcache(q, k8, block_table, lens, case.dv, metadata, num_splits,
                                                       causal=True, descale_k=torch.ones_like(descale_k))

@@ -18,6 +18,7 @@ import mla_jit
 
 from .decode_inputs import DecodeCase, case_seed, make_fp8_inputs
 from .decode_reference import mla_decode_reference
+from .helpers import call_with_poisoned_outputs
 from .test_gpu_decode import _run
 from .test_gpu_decode_fp8 import _fp8_v_max, check_graph_replay
 from .test_gpu_decode_fp8_kv import _check as check_16bit_q
@@ -97,7 +98,8 @@ def test_every_e4m3_value_converts_exactly(tuning, q_dtype, monkeypatch):
         out, _ = _run(case, q, k8, block_table, lens, **descales)
     else:
         metadata, num_splits = mla_jit.get_mla_metadata(lens, case.h_q, 1)
-        out, _ = mla_jit.flash_mla_with_kvcache(q, k8, block_table, lens, case.dv, metadata, num_splits, **descales)
+        out, _ = call_with_poisoned_outputs(lambda: mla_jit.flash_mla_with_kvcache(
+            q, k8, block_table, lens, case.dv, metadata, num_splits, **descales))
     torch.cuda.synchronize()
     for i in range(case.b):
         want = values.roll(37 * i).view(FP8).float().to(out.dtype).expand(case.h_q, -1)

@@ -8,6 +8,7 @@ import mla_jit
 
 from .decode_inputs import DecodeCase, case_seed, make_inputs
 from .decode_reference import mla_decode_reference
+from .helpers import call_with_poisoned_outputs
 from .test_gpu_decode import _check_case, assert_decode_close
 
 pytestmark = pytest.mark.gpu
@@ -85,7 +86,8 @@ def test_clustered_launch_is_used_where_asked(cluster, want, monkeypatch):
     case = DecodeCase(5, 1, 3000, 128, 1, True, False)  # 2 row tiles
     q, k_cache, block_table, lens = make_inputs(case, seed=case_seed(case))
     metadata, num_splits = mla_jit.get_mla_metadata(lens, case.s_q * case.h_q // case.h_kv, case.h_kv)
-    out, lse = mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, case.dv, metadata, num_splits)
+    out, lse = call_with_poisoned_outputs(lambda: mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens,
+                                                                                 case.dv, metadata, num_splits))
     torch.cuda.synchronize()
     ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, lens, case.dv)
     assert_decode_close(out, lse, ref_out, ref_lse)

@@ -11,6 +11,7 @@ import torch
 
 import mla_jit
 
+from .helpers import call_with_poisoned_outputs
 from .indexer_reference import (expected_schedule, mqa_logits_reference, paged_cache, paged_logits_reference,
                                 quantize_rows, schedule_at)
 
@@ -35,20 +36,9 @@ _REL, _ABS, _L2 = 2 ** -11, 1e-5, 1e-3
 def _poison_allocator(n_bytes: int = 1 << 28) -> None:
     """Fill free blocks of the caching allocator with NaN, so the op's own output starts as NaN. Only
     outputs from the same pool: above 1 MB (the large pool) for the default size; smaller outputs
-    need _poisoned."""
+    need helpers.call_with_poisoned_outputs."""
     torch.empty(n_bytes // 4, device="cuda").fill_(float("nan"))
     torch.cuda.synchronize()
-
-
-def _poisoned(call):
-    """call() with its output buffer starting as NaN, whatever its size: a first call sizes the buffer,
-    whose block is then filled with NaN and freed, and the second call's allocation of the same size
-    takes that block back (the caching allocator's best fit)."""
-    first = call()
-    nbytes = first.untyped_storage().nbytes()
-    del first
-    _poison_allocator(nbytes)
-    return call()
 
 
 def _check_close(got: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor, where: torch.Tensor) -> None:
@@ -142,8 +132,8 @@ def test_mqa_logits_wide_dynamic_range(h, family):
 def test_mqa_logits_compressed(family):
     q, k, k_scale, w, ks, ke = _ragged_inputs(200, 1000, 32, 128, seed=3, ranges="random")
     width = int((ke - ks).max())
-    got = _poisoned(lambda: mla_jit.fp8_mqa_logits(q, (k, k_scale), w, ks, ke, clean_logits=False,
-                                                   max_seqlen_k=width))
+    got = call_with_poisoned_outputs(lambda: mla_jit.fp8_mqa_logits(q, (k, k_scale), w, ks, ke, clean_logits=False,
+                                                                    max_seqlen_k=width))
     ref, mag = mqa_logits_reference(q, k, k_scale, w, ks, ke)
     assert got.shape == (200, width)
     col = torch.arange(width, device="cuda")[None] + ks[:, None].long()
@@ -242,7 +232,7 @@ def _check_paged(got, q, cache, weights, context_lens, table, max_context_len, c
 def test_paged_logits_heads_and_next_n(h, next_n, family):
     lens = [1, 63, 64, 65, 300, 0, 2000, 777]
     q, cache, w, cl, table, max_len = _paged_inputs(len(lens), next_n, h, 128, 64, lens, seed=h * 10 + next_n)
-    got = _poisoned(lambda: _run_paged(q, cache, w, cl, table, max_len + 100, clean=True))
+    got = call_with_poisoned_outputs(lambda: _run_paged(q, cache, w, cl, table, max_len + 100, clean=True))
     assert got.shape == (len(lens) * next_n, max_len + 100)
     _check_paged(got, q, cache, w, cl, table, max_len + 100, True)
 
@@ -302,8 +292,8 @@ def test_paged_logits_uneven_schedules(page, family):
     for ctas in (8, 33, 2, 132):
         for name, starts in cuts.items():
             schedule = torch.tensor(schedule_at(cl, starts(ctas)), dtype=torch.int32, device="cuda")
-            got = _poisoned(lambda: mla_jit.fp8_paged_mqa_logits(q, cache, w, cl, table, schedule, max_len,
-                                                                 clean_logits=True))
+            got = call_with_poisoned_outputs(lambda: mla_jit.fp8_paged_mqa_logits(q, cache, w, cl, table, schedule,
+                                                                                  max_len, clean_logits=True))
             _check_paged(got, q, cache, w, cl, table, max_len, True)
 
 

@@ -189,6 +189,7 @@ def test_cuda_graph_replay(family):
         for t in (q, k, v):
             t.copy_(torch.randn(t.shape, generator=gen, device="cuda"))
         out.fill_(float("nan"))
+        lse.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         _check(out, lse, q, k, v, cu, cu, 192 ** -0.5, True, sum(lens))

@@ -12,26 +12,24 @@ import mla_jit
 from mla_jit.errors import FeatureNotAvailableError, InvalidArgumentError
 
 from .decode_inputs import case_seed
+from .helpers import call_with_poisoned_outputs
 from .sparse_inputs import SparseCase, assert_out_within, make_sparse_inputs, sparse_reference
 
 pytestmark = pytest.mark.gpu
 
 
-def _poison_allocator(case: SparseCase) -> None:
-    """NaN-filled blocks handed back to the caching allocator: outputs the op never writes stay NaN."""
-    torch.full((case.b, case.s_q, case.h_q, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    torch.full((case.b, case.h_q, case.s_q), float("nan"), dtype=torch.float32, device="cuda")
-
-
 def _run(case: SparseCase, q, records, indices, topk_length, attn_sink, api: str = "lazy"):
-    if api == "lazy":
-        metadata, num_splits = mla_jit.get_mla_metadata()
-    else:
-        metadata, num_splits = mla_jit.get_mla_metadata(torch.zeros(case.b, dtype=torch.int32, device="cuda"),
-                                                        case.s_q * case.h_q, 1, case.h_q, True, case.topk)
-    _poison_allocator(case)
-    return mla_jit.flash_mla_with_kvcache(q, records, None, None, 512, metadata, num_splits, is_fp8_kvcache=True,
-                                          indices=indices, topk_length=topk_length, attn_sink=attn_sink)
+    """One call (schedule included), its outputs starting as NaN (call_with_poisoned_outputs)."""
+    def call():
+        if api == "lazy":
+            metadata, num_splits = mla_jit.get_mla_metadata()
+        else:
+            metadata, num_splits = mla_jit.get_mla_metadata(torch.zeros(case.b, dtype=torch.int32, device="cuda"),
+                                                            case.s_q * case.h_q, 1, case.h_q, True, case.topk)
+        return mla_jit.flash_mla_with_kvcache(q, records, None, None, 512, metadata, num_splits, is_fp8_kvcache=True,
+                                              indices=indices, topk_length=topk_length, attn_sink=attn_sink)
+
+    return call_with_poisoned_outputs(call)
 
 
 def assert_sparse_close(out, lse, ref_out, ref_lse, v_max):

@@ -15,6 +15,7 @@ import mla_jit
 from mla_jit.errors import InvalidArgumentError
 
 from .decode_inputs import case_seed
+from .helpers import call_with_poisoned_outputs
 from .sparse_inputs import SparseCase, assert_out_within, make_sparse_inputs
 
 pytestmark = pytest.mark.gpu
@@ -100,19 +101,12 @@ def assert_prefill_close(got, want):
         assert ((d <= 1e-5) | (d <= 1.25e-4 * b[~lonely].abs())).all(), f"{name} max abs err {d.max():.3g}"
 
 
-def _poison(s_q, h_q):
-    """NaN-filled blocks back in the caching allocator: outputs the op never writes stay NaN."""
-    for _ in range(2):
-        torch.full((s_q, h_q, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-        torch.full((s_q, h_q), float("nan"), dtype=torch.float32, device="cuda")
-
-
 def _check_rows(case: PrefillCase, out_arg: bool = False):
     q, kv, indices, topk_length, sink = make_rows_inputs(case, case_seed(case))
     scale = case.d ** -0.5 * 1.25
     out = torch.full((case.s_q, case.h_q, 512), float("nan"), dtype=torch.bfloat16, device="cuda") if out_arg else None
-    _poison(case.s_q, case.h_q)
-    got = mla_jit.flash_mla_sparse_fwd(q, kv, indices, scale, 512, attn_sink=sink, topk_length=topk_length, out=out)
+    got = call_with_poisoned_outputs(lambda: mla_jit.flash_mla_sparse_fwd(q, kv, indices, scale, 512, attn_sink=sink,
+                                                                          topk_length=topk_length, out=out))
     assert got[0].shape == (case.s_q, case.h_q, 512) and got[1].shape == got[2].shape == (case.s_q, case.h_q)
     if out_arg:
         assert got[0] is out
@@ -158,8 +152,8 @@ def _check_records(case: SparseCase, tuning=None, monkeypatch=None):
         monkeypatch.setenv("MLA_JIT_ARCH", tuning)
     q, records, deq, indices, topk_length, sink = make_sparse_inputs(case, seed=case_seed(case))
     q = q.view(case.b, case.h_q, 576)
-    _poison(case.b, case.h_q)
-    got = mla_jit.flash_mla_sparse_fwd(q, records, indices, 576 ** -0.5, attn_sink=sink, topk_length=topk_length)
+    got = call_with_poisoned_outputs(lambda: mla_jit.flash_mla_sparse_fwd(q, records, indices, 576 ** -0.5,
+                                                                          attn_sink=sink, topk_length=topk_length))
     assert_prefill_close(got, prefill_reference(q, deq.view(-1, 576), indices, topk_length, sink, 576 ** -0.5))
 
 
@@ -205,7 +199,7 @@ def test_sparse_prefill_graph_replay():
 def test_sparse_prefill_under_torch_compile():
     case = PrefillCase(10, 16, 128, 600, sink=True)
     q, kv, indices, _, sink = make_rows_inputs(case, seed=31)
-    out = torch.empty((10, 16, 512), dtype=torch.bfloat16, device="cuda")
+    out = torch.full((10, 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")   # (every element written)
 
     @torch.compile(fullgraph=True)
     def step(q, kv, indices, sink, out):
