@@ -31,6 +31,8 @@ def _grid() -> list[DecodeCase]:
     for page in (16, 256):
         for s_q, s_k, h_q, causal in ((1, 140, 128, False), (2, 4096, 64, True), (4, 20, 9, True)):
             cases.append(DecodeCase(6, s_q, s_k, h_q, 1, True, causal, page=page))
+    # Every supported page size (configs/decode.py): 32 and 128 too, one case each.
+    cases += [DecodeCase(6, 2, 4096, 64, 1, True, True, page=32), DecodeCase(6, 1, 140, 128, 1, True, False, page=128)]
     cases += [DecodeCase(6, 2, 140, 64, 1, True, True, dtype=torch.float16),
               DecodeCase(2, 1, 4096, 128, 1, False, False, dtype=torch.float16),
               DecodeCase(6, 1, 140, 16, 1, True, False, d=512),
