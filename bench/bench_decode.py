@@ -106,8 +106,6 @@ def _env_setter(values: dict[str, str | None]):
     return setup
 
 
-
-
 def spec_rows(flush: torch.Tensor, json_path: str | None) -> None:
     """Many query tokens a sequence (speculative decoding): the call's time and its time per query
     token against s_q = 1 and 4 on the same shape (it should fall as s_q grows)."""

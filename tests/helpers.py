@@ -1,5 +1,6 @@
 """Small helpers shared by the tests."""
 import pytest
+import torch
 
 from mla_jit.errors import MlaJitError
 from mla_jit.jit.arch import resolve_for_build
@@ -50,8 +51,6 @@ def _output_tensors(result) -> list:
 
 def _fill_nan_bytes(result) -> list[int]:
     """Every byte of result's tensors' storage set to 0xFF; their pointers."""
-    import torch
-
     ptrs = []
     for t in _output_tensors(result):
         torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).fill_(0xFF)
@@ -67,8 +66,6 @@ def call_with_poisoned_outputs(call, attempts: int = 3):
     call's outputs are filled and freed, and a second call, making the same allocations in the same
     order, takes those blocks back, which the pointers confirm. Inside a CUDA-graph capture: one call,
     unpoisoned (the capture's own pool)."""
-    import torch
-
     if torch.cuda.is_current_stream_capturing():
         return call()
     for _ in range(attempts):

@@ -14,7 +14,6 @@ from .helpers import call_with_poisoned_outputs
 pytestmark = pytest.mark.gpu
 
 
-
 def _grid() -> list[DecodeCase]:
     heads = [(1, 1), (3, 1), (9, 3), (63, 1), (64, 1), (126, 2), (128, 1), (16, 8), (64, 2), (128, 8)]
     batches = [1, 2, 6, 64]

@@ -4,8 +4,8 @@ and context-parallel ranges (empty ones included), clean and compressed forms, e
 head dim; get_paged_mqa_logits_metadata against its contract (all lengths zero included);
 fp8_paged_mqa_logits for every head count, next_n 1-4, pages 32/64/128, both context_lens forms,
 slab caches, NaN where nothing may read; CUDA graphs and torch.compile. Outputs are allocated by the
-ops: the tests fill the allocator's free blocks with NaN first, so an element the kernel should
-write and does not shows up."""
+ops: the poisoned ones start as NaN (helpers.call_with_poisoned_outputs), so an element the kernel
+should write and does not shows up."""
 import pytest
 import torch
 
@@ -31,14 +31,6 @@ def family(request, monkeypatch):
 # kernels accumulate the same way), the rest is float32. And over all valid elements, a relative
 # L2 error under 1e-3 (DeepGEMM's own test asks calc_diff < 1e-3, a far looser measure).
 _REL, _ABS, _L2 = 2 ** -11, 1e-5, 1e-3
-
-
-def _poison_allocator(n_bytes: int = 1 << 28) -> None:
-    """Fill free blocks of the caching allocator with NaN, so the op's own output starts as NaN. Only
-    outputs from the same pool: above 1 MB (the large pool) for the default size; smaller outputs
-    need helpers.call_with_poisoned_outputs."""
-    torch.empty(n_bytes // 4, device="cuda").fill_(float("nan"))
-    torch.cuda.synchronize()
 
 
 def _check_close(got: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor, where: torch.Tensor) -> None:
@@ -79,8 +71,7 @@ def _ragged_inputs(m, n, h, d, seed, ranges="causal"):
 @pytest.mark.parametrize("ranges", ["causal", "random"])
 def test_mqa_logits_clean(h, d, ranges, family):
     q, k, k_scale, w, ks, ke = _ragged_inputs(301, 777, h, d, seed=h + d, ranges=ranges)
-    _poison_allocator()
-    got = mla_jit.fp8_mqa_logits(q, (k, k_scale), w, ks, ke)
+    got = call_with_poisoned_outputs(lambda: mla_jit.fp8_mqa_logits(q, (k, k_scale), w, ks, ke))
     ref, mag = mqa_logits_reference(q, k, k_scale, w, ks, ke)
     assert got.shape == (301, 777) and got.stride(0) == (777 + 256 + 255) // 256 * 256
     assert torch.equal(torch.isneginf(got), torch.isneginf(ref)), "-inf outside [ks, ke) exactly"
@@ -103,8 +94,7 @@ def test_mqa_logits_keys_over_several_units(rows, ranges, family):
     and after the chunks' tiles. On sm_90a 96 / 224 / 352 rows over 40000 keys get units of 4096 /
     8192 / 16384 keys (logits_chunk_keys); the mma.sync kernels 4096."""
     q, k, k_scale, w, ks, ke = _ragged_inputs(rows, 40000, 64, 128, seed=11, ranges=ranges)
-    _poison_allocator()
-    got = mla_jit.fp8_mqa_logits(q, (k, k_scale), w, ks, ke)
+    got = call_with_poisoned_outputs(lambda: mla_jit.fp8_mqa_logits(q, (k, k_scale), w, ks, ke))
     ref, mag = mqa_logits_reference(q, k, k_scale, w, ks, ke)
     assert torch.equal(torch.isneginf(got), torch.isneginf(ref)), "-inf outside [ks, ke) exactly"
     _check_close(got, ref, mag, ~torch.isneginf(ref))
