@@ -1,8 +1,10 @@
 """Per-CTA timeline of one decode call (kernels built with MLA_JIT_TRACE=1): where a call's time goes.
 
 Usage: python bench/trace_decode.py B S_Q S_K H_Q [--causal] [--schedule S] [--cluster C] [--runs N]
-                                     [--rows-out PATH]
-Inputs and L2 flush as bench_decode.py (FlashMLA's recipe, an 8 GB zero_ before each call). The sm90
+                                     [--rows-out PATH] [--sparse-topk K]
+Inputs and L2 flush as bench_decode.py (FlashMLA's recipe, an 8 GB zero_ before each call). With
+--sparse-topk: the sparse decode over FP8 records instead (inputs as bench_sparse_decode.py: topk K
+of S_K cache tokens a sequence, no invalid index), the same kernel body and combine. The sm90
 ws split-KV kernel (ws and ws_unfused schedules) and the combine kernel record %globaltimer at a
 few events per CTA (decode/common.cuh: TraceSplitKV, TraceCombine); the sm80 family records phase
 rows instead (bench/trace_sm80_phases.py reads those), other kernels nothing.
@@ -18,6 +20,7 @@ import argparse
 import ctypes
 import os
 import statistics
+import sys
 
 os.environ["MLA_JIT_TRACE"] = "1"  # before any kernel is built: part of the cache key
 
@@ -38,7 +41,7 @@ COMBINE = ("entry", "go", "done", "splits")
 def _tables(device: int) -> list[tuple[str, int, int]]:
     """(symbol, address, bytes) of the trace tables of every decode binary this process loaded
     (only the launched one's record anything: all are cleared before a run)."""
-    return [(symbol, *table) for name in ("mla_decode_sm90", "mla_decode_sm80")
+    return [(symbol, *table) for name in ("mla_decode_sm90", "mla_decode_sm80", "mla_sparse_sm90")
             for symbol in ("mla_jit_trace_splitkv", "mla_jit_trace_combine")
             for table in family_tables(name, symbol, device)]
 
@@ -78,6 +81,23 @@ def _spread(values: list[float]) -> str:
     return f"min {min(values):8.2f}  p10 {q[0]:8.2f}  med {statistics.median(values):8.2f}  p90 {q[-1]:8.2f}  max {max(values):8.2f}"
 
 
+def _dense_call(args):
+    q, k_cache, block_table, lens = make_inputs(args.b, args.s_q, args.s_k, args.h_q)
+    metadata, num_splits = mla_jit.get_mla_metadata(lens, args.s_q * args.h_q, 1)
+    return lambda: mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, metadata, num_splits,
+                                                  causal=args.causal)
+
+
+def _sparse_call(args):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    from sparse_inputs import SparseCase, make_sparse_inputs
+    case = SparseCase(args.b, args.s_q, args.h_q, args.sparse_topk, s_k=args.s_k, invalid=0.0)
+    q, records, _, indices, _, _ = make_sparse_inputs(case)
+    sched, _ = mla_jit.get_mla_metadata()
+    return lambda: mla_jit.flash_mla_with_kvcache(q, records, None, None, 512, sched, None, is_fp8_kvcache=True,
+                                                  indices=indices)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     for name in ("b", "s_q", "s_k", "h_q"):
@@ -87,6 +107,7 @@ def main() -> None:
     parser.add_argument("--cluster", help="MLA_JIT_SM90_CLUSTER")
     parser.add_argument("--runs", type=int, default=5, help="calls (the last one is read), at least 1")
     parser.add_argument("--rows-out")
+    parser.add_argument("--sparse-topk", type=int, help="trace the sparse decode (topk K) instead")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -94,11 +115,8 @@ def main() -> None:
         os.environ["MLA_JIT_SM90_DECODE_SCHEDULE"] = args.schedule
     if args.cluster:
         os.environ["MLA_JIT_SM90_CLUSTER"] = args.cluster
-    q, k_cache, block_table, lens = make_inputs(args.b, args.s_q, args.s_k, args.h_q)
-    metadata, num_splits = mla_jit.get_mla_metadata(lens, args.s_q * args.h_q, 1)
     flush = torch.empty(8 << 30, dtype=torch.uint8, device="cuda")  # 8 GB, as bench_decode.py
-    call = lambda: mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, metadata, num_splits,  # noqa: E731
-                                                  causal=args.causal)
+    call = _sparse_call(args) if args.sparse_topk else _dense_call(args)
     call()
     torch.cuda.synchronize()
     tables = _tables(torch.cuda.current_device())

@@ -23,10 +23,12 @@ class DecodeCase:
     d: int = 576
     dv: int = 512
     zero_lens: bool = False  # make some sequences empty
+    short_lens: bool = False  # make some sequences shorter than s_q (causal: their first rows see no key)
 
     def __str__(self) -> str:
         return (f"b{self.b}-sq{self.s_q}-sk{self.s_k}-hq{self.h_q}-hkv{self.h_kv}-{'var' if self.varlen else 'fix'}"
-                f"-c{int(self.causal)}-p{self.page}-{str(self.dtype)[6:]}-d{self.d}{'-zeros' if self.zero_lens else ''}")
+                f"-c{int(self.causal)}-p{self.page}-{str(self.dtype)[6:]}-d{self.d}{'-zeros' if self.zero_lens else ''}"
+                f"{'-short' if self.short_lens else ''}")
 
 
 def case_seed(case) -> int:
@@ -34,9 +36,16 @@ def case_seed(case) -> int:
     return zlib.crc32(str(case).encode()) % 1000
 
 
-def make_inputs(case: DecodeCase, seed: int = 0, poison: bool = True):
+# q's gain over k: with k ~ N(0, 0.1^2) (clamped to [-1, 1]) and q ~ Q_GAIN * N(0, 0.1^2), the logits
+# q . k / sqrt(576) have a standard deviation of ~1, as in FlashMLA's tests (q and k ~ N(0, 1)). At gain 1
+# they had ~0.01: attention nearly uniform, which hides a wrong S (a dropped rope part, a wrong key).
+Q_GAIN = 100.0
+
+
+def make_inputs(case: DecodeCase, seed: int = 0, poison: bool = True, q_gain: float = Q_GAIN):
     """q, k_cache, block_table, cache_seqlens. With poison: NaN in every cache slot past each
-    sequence's end (and in unused pages), garbage in the block table past each sequence."""
+    sequence's end (and in unused pages), garbage in the block table past each sequence. With
+    case.short_lens, every third sequence (from the second) has 1 .. s_q - 1 tokens."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     dev = "cuda"
     if case.varlen:
@@ -46,11 +55,14 @@ def make_inputs(case: DecodeCase, seed: int = 0, poison: bool = True):
         lens = torch.full((case.b,), case.s_k, dtype=torch.int32)
     if case.zero_lens:
         lens[::3] = 0
+    if case.short_lens and case.s_q > 1:
+        short = lens[1::3]
+        lens[1::3] = torch.randint(1, case.s_q, short.shape, generator=gen, dtype=torch.int32)
     max_len = max(int(lens.max()), 1)
     max_blocks = math.ceil(max_len / 256) * 256 // case.page
     num_blocks = case.b * max_blocks
     block_table = torch.randperm(num_blocks, generator=gen).view(case.b, max_blocks).to(torch.int32)
-    q = (torch.randn(case.b, case.s_q, case.h_q, case.d, generator=gen) * 0.1).clamp(-1, 1)
+    q = (torch.randn(case.b, case.s_q, case.h_q, case.d, generator=gen) * 0.1).clamp(-1, 1) * q_gain
     k_cache = (torch.randn(num_blocks, case.page, case.h_kv, case.d, generator=gen) * 0.1).clamp(-1, 1)
     if poison:
         flat = k_cache.view(num_blocks * case.page, case.h_kv, case.d)
@@ -70,14 +82,12 @@ E4M3_MAX = 448.0   # the largest finite float8_e4m3fn
 E4M3_NAN = 0x7F    # an e4m3 NaN's bits (torch.float8_e4m3fn has no infinities)
 
 
-def make_fp8_inputs(case: DecodeCase, seed: int = 0, q_gain: float = 10.0):
+def make_fp8_inputs(case: DecodeCase, seed: int = 0, q_gain: float = Q_GAIN):
     """q8, k8, block_table, cache_seqlens, descale_q, descale_k: make_inputs' data (NaN slots and
     garbage table entries included) quantized to e4m3 as an engine does, with per-tensor scales
     amax / 448 (the whole e4m3 range in use; descales far from 1, so a descale left out fails).
-    q is first multiplied by `q_gain`: with q and k ~ N(0, 0.1^2), logits of std ~1 rather than
-    ~0.1, a softmax with spread as in FlashMLA's own tests (a near-uniform one would hide a wrong S)."""
-    q, k_cache, block_table, lens = make_inputs(dataclasses.replace(case, dtype=torch.float32), seed)
-    q = q * q_gain
+    q_gain: make_inputs' (logits of std ~1)."""
+    q, k_cache, block_table, lens = make_inputs(dataclasses.replace(case, dtype=torch.float32), seed, q_gain=q_gain)
     nan = torch.isnan(k_cache)
     k_cache = k_cache.nan_to_num(0.0)
     descale_q, descale_k = (x.abs().amax().reshape(1) / E4M3_MAX for x in (q, k_cache))

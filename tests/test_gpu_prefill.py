@@ -184,10 +184,13 @@ def test_cuda_graph_replay(family):
     with torch.cuda.graph(graph):
         _, lse = mla_jit.flash_attn_varlen_func(q, k, v, cu, cu, 1200, 1200, causal=True, out=out,
                                                 return_softmax_lse=True)
-    for seed in (1, 2):
+    # New values, then new sequence boundaries over the same tokens within the captured max_seqlen (an
+    # engine's next step: the captured kernels read cu_seqlens on the GPU), one of them empty.
+    for seed, new_lens in ((1, lens), (2, [1, 1200, 502]), (3, [1200, 0, 503])):
         gen = torch.Generator(device="cuda").manual_seed(seed)
         for t in (q, k, v):
             t.copy_(torch.randn(t.shape, generator=gen, device="cuda"))
+        cu.copy_(_cu(new_lens))
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
         graph.replay()

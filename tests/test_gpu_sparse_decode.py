@@ -63,7 +63,10 @@ def _grid() -> list[SparseCase]:
               SparseCase(64, 2, 128, 2048, s_k=8192), SparseCase(128, 1, 16, 2048, s_k=32768, sink=True),
               # empty rows, long topk, page 256
               SparseCase(5, 2, 64, 128, topk_length=True, zero_lengths=True, sink=True),
-              SparseCase(2, 1, 100, 8192, s_k=32768, page=256, topk_length=True, sink=True)]
+              SparseCase(2, 1, 100, 8192, s_k=32768, page=256, topk_length=True, sink=True),
+              # Invalid indices of extreme values (-2, INT32_MIN, INT32_MAX, past the cache), also past topk_length.
+              SparseCase(3, 2, 64, 512, invalid=0.4, topk_length=True, extreme=True),
+              SparseCase(2, 1, 128, 256, page=16, invalid=0.6, extreme=True)]
     return cases
 
 

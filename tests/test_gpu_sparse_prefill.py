@@ -16,7 +16,7 @@ from mla_jit.errors import InvalidArgumentError
 
 from .decode_inputs import case_seed
 from .helpers import call_with_poisoned_outputs
-from .sparse_inputs import SparseCase, assert_out_within, make_sparse_inputs
+from .sparse_inputs import SparseCase, assert_out_within, extreme_invalid, make_sparse_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -32,9 +32,10 @@ class PrefillCase:
     topk_length: bool = False
     sink: bool = False
     zero_lengths: bool = False
+    extreme: bool = False   # invalid entries of extreme values (sparse_inputs.extreme_invalid)
 
     def __str__(self) -> str:
-        flags = "".join(f"-{n}" for n in ("topk_length", "sink", "zero_lengths") if getattr(self, n))
+        flags = "".join(f"-{n}" for n in ("topk_length", "sink", "zero_lengths", "extreme") if getattr(self, n))
         return f"sq{self.s_q}-hq{self.h_q}-topk{self.topk}-skv{self.s_kv}-d{self.d}-inv{self.invalid}{flags}"
 
 
@@ -53,6 +54,9 @@ def make_rows_inputs(case: PrefillCase, seed: int):
         topk_length = torch.randint(1, case.topk + 1, (case.s_q,), generator=gen, device="cuda").int()
         if case.zero_lengths:
             topk_length[::3] = 0
+    if case.extreme:
+        idx = extreme_invalid(idx, r < case.invalid, None if topk_length is None else topk_length.view(-1, 1, 1),
+                              case.s_kv)
     sink = torch.randn((case.h_q,), generator=gen, device="cuda") * 2 if case.sink else None
     counted = _counted(idx[:, 0], topk_length, case.s_kv)
     used = torch.zeros(case.s_kv, dtype=torch.bool, device="cuda")
@@ -126,6 +130,11 @@ ROWS_GRID = [
     PrefillCase(9, 3, 80, 500, d=512, invalid=0.3),
     PrefillCase(5, 100, 320, 2000, topk_length=True, sink=True),
     PrefillCase(260, 128, 96, 5000, invalid=0.2),
+    # topk past V3.2's 2048 (any multiple of 64 up to 32768), and invalid entries of extreme values.
+    PrefillCase(9, 64, 4096, 20000, topk_length=True, sink=True),
+    PrefillCase(4, 16, 8192, 40000, invalid=0.3),
+    PrefillCase(6, 128, 32768, 70000, topk_length=True),
+    PrefillCase(23, 32, 320, 3000, invalid=0.5, topk_length=True, extreme=True),
 ]
 
 
@@ -160,7 +169,9 @@ def _check_records(case: SparseCase, tuning=None, monkeypatch=None):
 @pytest.mark.parametrize("case", [SparseCase(40, 1, 128, 2048, sink=True),
                                   SparseCase(17, 1, 128, 448, page=16, invalid=0.5, topk_length=True, zero_lengths=True),
                                   SparseCase(9, 1, 16, 320, page=16, topk_length=True, zero_lengths=True),
-                                  SparseCase(13, 1, 5, 192, page=128, invalid=0.4)], ids=str)
+                                  SparseCase(13, 1, 5, 192, page=128, invalid=0.4),
+                                  SparseCase(11, 1, 64, 4096, s_k=16384, invalid=0.3, topk_length=True, extreme=True)],
+                         ids=str)
 def test_sparse_prefill_fp8_records(case):
     _check_records(case)
 
