@@ -9,7 +9,8 @@ import mla_jit
 
 from .decode_inputs import DecodeCase, case_seed, make_inputs
 from .decode_reference import mla_decode_reference
-from .helpers import assert_cosine_close, call_with_poisoned_outputs
+from .closeness import assert_cosine_close
+from .helpers import call_with_poisoned_outputs
 
 pytestmark = pytest.mark.gpu
 

@@ -23,7 +23,7 @@ import mla_jit
 
 from .decode_inputs import DecodeCase, case_seed, env_grid_ids, make_fp8_inputs, make_inputs, set_env
 from .decode_reference import mla_decode_reference
-from .helpers import assert_cosine_close
+from .closeness import assert_cosine_close
 from .test_gpu_decode import _capture_replays_eager, _run
 from .test_gpu_decode_fp8 import _fp8_v_max
 
