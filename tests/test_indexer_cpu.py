@@ -258,3 +258,55 @@ def test_torch_ops_registered_with_fakes():
             torch.empty(4, dtype=torch.int32, device="cuda"), torch.empty(4, 3, dtype=torch.int32, device="cuda"),
             torch.empty(133, 2, dtype=torch.int32, device="cuda"), 1000)
         assert logits.shape == (8, 1000) and logits.stride() == (1024, 1)
+
+
+def test_paged_warm_path_launch_values(gpu_stub, monkeypatch):
+    """The paged op's warm path (runtimes/indexer_plan.PagedCall) with the kernel's launch recorded:
+    the packed PagedParams of each call, the TMA descriptors built once per (q, weights, cache)
+    pointers and reused, a misaligned pointer named, an empty batch cleaned without a launch."""
+    from mla_jit.runtimes import indexer_plan as rt
+    launches, built = [], []
+
+    def fake_init(self, heads, head_dim, next_n, page, device_index):
+        self.heads, self.head_dim, self.next_n, self.page, self.device_index = heads, head_dim, next_n, page, -1
+        self.tma, self.cfg = True, None
+        self.launch = lambda stream, params, *descs, grid: launches.append((PAGED_PARAMS.unpack(params), descs, grid))
+
+    def fake_descriptors(self, q, weights, kv_cache):
+        built.append((q.data_ptr(), weights.data_ptr(), kv_cache.data_ptr()))
+        return tuple(object() for _ in range(4))
+
+    monkeypatch.setattr(rt.PagedPlan, "__init__", fake_init)
+    monkeypatch.setattr(rt.PagedPlan, "descriptors", fake_descriptors)
+    monkeypatch.setattr(rt, "current_stream", lambda device_index: 7)
+    rt.reset()
+    q = torch.zeros(3, 2, 64, 128, dtype=torch.float8_e4m3fn)
+    cache = torch.zeros(5, 64, 1, 132, dtype=torch.uint8)
+    w = torch.zeros(6, 64)
+    lens = torch.zeros(3, 2, dtype=torch.int32)
+    table = torch.zeros(3, 4, dtype=torch.int32)
+    sched = torch.zeros(9, 2, dtype=torch.int32)
+    try:
+        logits = mla_jit.fp8_paged_mqa_logits(q, cache, w, lens, table, sched, 300, clean_logits=True)
+        assert logits.shape == (6, 300) and logits.stride(0) == 512
+        params, descs, grid = launches[-1]
+        assert params == (lens.data_ptr(), table.data_ptr(), sched.data_ptr(), logits.data_ptr(), 512, 4, 3, 2, 4, 1,
+                          300, 1)
+        assert grid == (8, 1, 1) and len(built) == 1
+        mla_jit.fp8_paged_mqa_logits(q, cache, w, lens, table, sched, 70)
+        same = lambda a, b: all(x is y for x, y in zip(a, b))  # noqa: E731
+        assert same(launches[-1][1], descs) and len(built) == 1   # same pointers: the same descriptors
+        assert launches[-1][0][4] == 256 and launches[-1][0][10:] == (70, 0)
+        q2 = q.clone()
+        mla_jit.fp8_paged_mqa_logits(q2, cache, w, lens, table, sched, 70)
+        assert built[-1] == (q2.data_ptr(), w.data_ptr(), cache.data_ptr()) and not same(launches[-1][1], descs)
+        odd = torch.zeros(q.numel() + 16, dtype=torch.uint8)[1:1 + q.numel()].view(torch.float8_e4m3fn).view(q.shape)
+        with pytest.raises(mla_jit.InvalidArgumentError, match="q: expected a 16-byte aligned"):
+            mla_jit.fp8_paged_mqa_logits(odd, cache, w, lens, table, sched, 70)
+        count = len(launches)
+        empty = mla_jit.fp8_paged_mqa_logits(q[:0], cache, w[:0], lens[:0], table[:0], sched, 70, clean_logits=True)
+        assert empty.shape == (0, 70) and len(launches) == count
+        no_pages = mla_jit.fp8_paged_mqa_logits(q, cache[:0], w, lens, table, sched, 70, clean_logits=True)
+        assert torch.isneginf(no_pages).all() and len(launches) == count
+    finally:
+        rt.reset()

@@ -235,29 +235,33 @@ def _paged_eager(q, kv_cache, weights, context_lens, block_table, schedule_meta,
     # A decode-step op: a layout seen before skips its checks (a signature lookup), as decode's does.
     try:
         signature = _paged_signature(q, kv_cache, weights, context_lens, block_table, schedule_meta)
-        plan = runtime.plans.get(signature)
+        call = runtime.plans.get(signature)
     except (AttributeError, TypeError):   # not tensors: the checks below name it
-        plan = signature = None
-    if plan is None:
+        call = signature = None
+    if call is None:
         _check_paged_layout(q, kv_cache, weights, context_lens, block_table, schedule_meta)
     _int_arg("max_context_len", max_context_len)
     if not isinstance(clean_logits, bool):
         raise InvalidArgumentError("clean_logits", "a bool", type(clean_logits).__name__)
-    _aligned(("q", q), ("kv_cache", kv_cache), ("weights", weights))
-    if plan is None:
+    q_ptr, w_ptr, kv_ptr = q.data_ptr(), weights.data_ptr(), kv_cache.data_ptr()
+    if (q_ptr | w_ptr | kv_ptr) % 16:   # (an empty tensor's pointer does not count: _aligned names the one that does)
+        _aligned(("q", q), ("kv_cache", kv_cache), ("weights", weights))
+    if call is None:
         _, next_n, h, d = q.shape
         if len(runtime.plans) >= runtime.MAX_PLANS:
             runtime.plans.clear()
         kernel = ("paged", runtime.plan_env(), h, d, next_n, kv_cache.shape[1], q.get_device())
         plan = runtime.plans.get(kernel) or runtime.PagedPlan(h, d, next_n, kv_cache.shape[1], q.get_device())
-        runtime.plans[kernel] = plan
-        if signature is not None:   # (batch sizes vary: each layout maps to the kernel's one plan)
-            runtime.plans[signature] = plan
-    b, next_n = q.shape[:2]
-    buffer = torch.empty((b * next_n, _paged_stride(max_context_len)), dtype=torch.float32, device=q.device)
-    logits = buffer[:, :max_context_len]
-    plan.run(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, logits,
-             bool(clean_logits))
+        runtime.plans[kernel] = plan   # (batch sizes vary: each layout's call shares the kernel's one plan)
+        call = runtime.PagedCall(plan, q, kv_cache, weights, context_lens, block_table, schedule_meta)
+        if signature is not None:
+            runtime.plans[signature] = call
+    row_stride = _paged_stride(max_context_len)
+    # (as_strided: the view buffer[:, :max_context_len] is, at a third of the slice's host time)
+    logits = torch.empty((call.rows, row_stride), dtype=torch.float32, device=q.device).as_strided(
+        (call.rows, max_context_len), (row_stride, 1))
+    call.run(q, weights, kv_cache, q_ptr, w_ptr, kv_ptr, context_lens.data_ptr(), block_table.data_ptr(),
+             schedule_meta.data_ptr(), logits, row_stride, max_context_len, clean_logits)
     return logits
 
 

@@ -22,7 +22,7 @@ from .indexer import LOGITS_PARAMS, LOGITS_SM80_PARAMS, METADATA_PARAMS, PAGED_P
 
 MAX_PLANS = 1024
 MAX_DESCRIPTORS = 4096
-plans: dict[tuple, object] = {}            # layout signature -> LogitsPlan / PagedPlan / MetadataPlan
+plans: dict[tuple, object] = {}            # layout signature -> LogitsPlan / PagedCall / MetadataPlan
 _descriptors: dict[tuple, tma.TmaDescriptor] = {}
 # The variable that picks a kernel: part of the plan keys (read raw on the warm path).
 plan_env = env.raw_reader("MLA_JIT_ARCH")
@@ -148,29 +148,56 @@ class PagedPlan:
             tma.TmaSpec(torch.float32, (page, blocks), (stride0 // 4,), (box_keys, 1)), base + page * d))
         return values, scales
 
-    def run(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
-            block_table: torch.Tensor, schedule: torch.Tensor, max_context_len: int, logits: torch.Tensor,
-            clean: bool) -> None:
+    def descriptors(self, q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor) -> tuple:
+        """The TMA descriptors of q, weights, the page values and the page scales."""
+        n_cols = self.next_n * self.heads
+        q_desc = _tiled(q.view(q.shape[0] * n_cols, self.head_dim), (n_cols, self.head_dim), swizzle=self.head_dim)
+        return (q_desc, _tiled(weights, (self.next_n, self.heads)), *self._cache_descriptors(kv_cache))
+
+
+class PagedCall:
+    """One validated fp8_paged_mqa_logits layout (shapes, strides and dtypes of every tensor fixed: the
+    op's signature): its kernel's PagedPlan, the launch values the layout fixes, and the TMA
+    descriptors memoized by the three data pointers they depend on. A warm call then reads the
+    pointers, packs the parameters and launches (the descriptors' memo keys of shapes and strides,
+    and the q view, took about half of the op's host time)."""
+
+    __slots__ = ("plan", "rows", "empty", "ctas", "fixed", "sm80_tail", "descs")
+
+    def __init__(self, plan: PagedPlan, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                 context_lens: torch.Tensor, block_table: torch.Tensor, schedule: torch.Tensor):
+        self.plan = plan
         b = q.shape[0]
-        ctas = schedule.shape[0] - 1
-        if b == 0 or ctas <= 0 or kv_cache.shape[0] == 0:
+        self.rows = b * plan.next_n
+        self.ctas = schedule.shape[0] - 1
+        self.empty = b == 0 or self.ctas <= 0 or kv_cache.shape[0] == 0
+        # PAGED_PARAMS after the four pointers and the logits row stride.
+        self.fixed = (block_table.stride(0), b, plan.next_n, block_table.shape[1], int(context_lens.dim() == 2))
+        self.sm80_tail = (weights.stride(0), kv_cache.stride(0), kv_cache.shape[0], 0)
+        self.descs: dict[tuple[int, int, int], tuple] = {}
+
+    def run(self, q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, q_ptr: int, w_ptr: int, kv_ptr: int,
+            lens_ptr: int, table_ptr: int, schedule_ptr: int, logits: torch.Tensor, row_stride: int,
+            max_context_len: int, clean: bool) -> None:
+        plan = self.plan
+        if self.empty:
             if clean and logits.numel():
                 logits.fill_(float("-inf"))   # no key at all
             return
-        base = (context_lens.data_ptr(), block_table.data_ptr(), schedule.data_ptr(), logits.data_ptr(),
-                logits.stride(0), block_table.stride(0), b, self.next_n, block_table.shape[1],
-                int(context_lens.dim() == 2), max_context_len, int(clean))
-        if not self.tma:
-            params = PAGED_SM80_PARAMS.pack(*base, q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(),
-                                            weights.stride(0), kv_cache.stride(0), kv_cache.shape[0], 0)
-            self.launch(current_stream(self.device_index), params, grid=(ctas, 1, 1))
+        base = (lens_ptr, table_ptr, schedule_ptr, logits.data_ptr(), row_stride, *self.fixed, max_context_len,
+                int(clean))
+        stream = current_stream(plan.device_index)
+        if not plan.tma:
+            plan.launch(stream, PAGED_SM80_PARAMS.pack(*base, q_ptr, kv_ptr, w_ptr, *self.sm80_tail),
+                        grid=(self.ctas, 1, 1))
             return
-        params = PAGED_PARAMS.pack(*base)
-        n_cols = self.next_n * self.heads
-        q_desc = _tiled(q.view(b * n_cols, self.head_dim), (n_cols, self.head_dim), swizzle=self.head_dim)
-        w_desc = _tiled(weights, (self.next_n, self.heads))
-        k_desc, s_desc = self._cache_descriptors(kv_cache)
-        self.launch(current_stream(self.device_index), params, q_desc, w_desc, k_desc, s_desc, grid=(ctas, 1, 1))
+        key = (q_ptr, w_ptr, kv_ptr)
+        descs = self.descs.get(key)
+        if descs is None:
+            if len(self.descs) >= MAX_DESCRIPTORS:   # ever-new buffers: keep the memo bounded
+                self.descs.clear()
+            descs = self.descs[key] = plan.descriptors(q, weights, kv_cache)
+        plan.launch(stream, PAGED_PARAMS.pack(*base), *descs, grid=(self.ctas, 1, 1))
 
 
 class MetadataPlan:
