@@ -79,7 +79,12 @@ fi
 status=0
 if [ -z "${SKIP_MAIN_TESTS:-}" ]; then
   # A protocol bug in a kernel shows up as a hang, which no in-process timeout can interrupt.
-  timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" \
+  # The whole GPU suite takes ~10 minutes serially on an H200 (session 33): more than one call allows
+  # with the prewarm. TEST_WORKERS=N runs it in N pytest-xdist processes on the one GPU (the kernel
+  # cache compiles each key once across processes); --durations names the slow tests.
+  workers=()
+  [ -n "${TEST_WORKERS:-}" ] && python3 -c "import xdist" 2>/dev/null && workers=(-n "$TEST_WORKERS")
+  timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 ${workers[@]+"${workers[@]}"} "$@" \
     tests 2>&1 | tee "$OUT/pytest.log" | tail -n 60
   status=${PIPESTATUS[0]}
 fi

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 import mla_jit
+from mla_jit.configs.decode import metadata_config
 from mla_jit.errors import FeatureNotAvailableError, InvalidArgumentError
+from mla_jit.runtimes.decode_schedule import greedy_schedule
 
 from .decode_inputs import case_seed
 from .helpers import call_with_poisoned_outputs
@@ -94,6 +96,22 @@ def test_sparse_decode_ampere_ada_tunings(tuning, case, monkeypatch):
     """The Ampere/Ada tunings (sm_89: 3 stages in 99 KB), forced on the Hopper GPU."""
     monkeypatch.setenv("MLA_JIT_ARCH", tuning)
     _check(case)
+
+
+@pytest.mark.parametrize("b,s_q,h_q,topk", [(128, 1, 64, 2048), (128, 2, 128, 2048), (100, 1, 16, 8192),
+                                             (3, 2, 32, 256), (700, 3, 8, 64)])
+def test_host_schedule_matches_the_metadata_kernel(b, s_q, h_q, topk):
+    """runtimes/decode_schedule.greedy_schedule, from which the sparse plan decides whether to launch the
+    combine, against the metadata kernel's schedule: the sparse form (every row topk keys) and the dense
+    decode's over random lengths with empty ones."""
+    lens = torch.randint(0, 5000, (b,), dtype=torch.int32, device="cuda")
+    lens[::4] = 0
+    cfg = metadata_config()
+    for metadata, num_splits, lengths in (
+            (*mla_jit.get_mla_metadata(lens, s_q * h_q, 1, h_q, True, topk), [topk] * (b * s_q)),
+            (*mla_jit.get_mla_metadata(lens, s_q * h_q, 1), lens.tolist())):
+        meta, splits = greedy_schedule(lengths, metadata.shape[0], cfg.block_n, cfg.fixed_overhead_blocks)
+        assert metadata.tolist() == meta and num_splits.tolist() == splits
 
 
 def test_sparse_decode_schedule_tensors():

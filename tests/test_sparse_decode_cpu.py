@@ -96,3 +96,52 @@ def test_sparse_kernel_compiles_without_spills(arch_name, cache_root, monkeypatc
         assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
     sass = sass_of(binary.cubin, tmp_path)
     assert "HMMA.16816" in sass and "LDGSTS" in sass and "PRMT" in sass
+
+
+def _covered(meta, num_splits, lengths, block_n):
+    """Each sequence's tokens as the parts' ranges cover them, and the split count of each."""
+    tokens = [[] for _ in lengths]
+    pieces = [0] * len(lengths)
+    for begin_b, begin_tok, end_b, end_tok, *_ in meta:
+        if (begin_b, begin_tok, end_b, end_tok) == (0, 0, 0, 0):
+            continue
+        for i in range(begin_b, end_b + 1):
+            lo, hi = begin_tok if i == begin_b else 0, end_tok if i == end_b else lengths[i]
+            if lengths[i] > 0:
+                tokens[i].append((lo, hi))
+                pieces[i] += 1
+    return tokens, pieces
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_host_schedule_covers_every_sequence_once(seed):
+    """runtimes/decode_schedule.greedy_schedule (the metadata kernel's split, on the host; a GPU test
+    compares the two): each non-empty sequence's tokens covered once, in order, by as many pieces
+    as num_splits gives it; empty ones get none."""
+    from mla_jit.runtimes.decode_schedule import greedy_schedule
+    gen = torch.Generator().manual_seed(seed)
+    b = int(torch.randint(1, 300, (1,), generator=gen))
+    lengths = torch.randint(0, 5000, (b,), generator=gen)
+    lengths[torch.rand(b, generator=gen) < 0.2] = 0
+    lengths = lengths.tolist()
+    parts = int(torch.randint(1, 140, (1,), generator=gen))
+    meta, num_splits = greedy_schedule(lengths, parts, 64, 5)
+    assert len(meta) == parts and num_splits[0] == 0 and len(num_splits) == b + 1
+    tokens, pieces = _covered(meta, num_splits, lengths, 64)
+    for i, n in enumerate(lengths):
+        assert num_splits[i + 1] - num_splits[i] == (pieces[i] if n > 0 else 0)
+        if n > 0:
+            ranges = tokens[i]
+            assert ranges[0][0] == 0 and ranges[-1][1] == n
+            assert all(a[1] == c[0] and a[0] < a[1] for a, c in zip(ranges, ranges[1:] + [(n, n)]))
+
+
+def test_host_schedule_of_the_benchmark_rows():
+    """b 128 (and 256 rows), topk 2048 (32 tiles): every part holds whole rows, so the plan launches
+    no combine; 100 rows of 8192 keys on 132 parts are cut."""
+    from mla_jit.runtimes.decode_schedule import greedy_schedule, splits_a_row
+    meta, num_splits = greedy_schedule([2048] * 128, 132, 64, 5)
+    assert meta[5][:5] == [5, 0, 5, 2048, 0] and meta[128] == [0] * 8 and num_splits == list(range(129))
+    assert not any(splits_a_row(rows, 2048, parts, 64, 5) for rows, parts in ((128, 132), (256, 132), (128, 66),
+                                                                              (256, 66)))
+    assert splits_a_row(100, 8192, 132, 64, 5) and splits_a_row(3, 2048, 132, 64, 5)

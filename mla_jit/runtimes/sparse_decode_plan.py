@@ -4,7 +4,12 @@ The kernels see the caller's (b, s_q) query tokens as a batch of b * s_q single-
 its own index list of topk tokens: the scheduler cuts those rows (all of length topk) into one wave
 of split-KV pieces, the split-KV kernel (splitkv_sm80.cuh, SPARSE_FP8) masks what topk_length and
 invalid indices leave out, and the dense decode's combine kernel merges the splits (lse back in
-(b, h_q, s_q) order through DecodeParams.lse_fold, the attention sink applied to the final out).
+(b, h_q, s_q) order through DecodeParams.lse_fold, the attention sink applied to the final out). A row
+in one split is written by the split-KV kernel itself; when the schedule cuts no row (the host knows:
+every row has topk keys, runtimes/decode_schedule.py), the combine is not launched (at b 128, s_q 1 it
+ended ~6 us after the split-KV kernel with nothing to merge, ~5% of the call; H200, bench/NOTES.md
+session 33). The schedule is get_mla_metadata's for this call's rows, heads and topk (FlashMLA's
+contract; the lazy FlashMLASchedMeta form is checked against the call).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from ..jit.stream import current_stream
 from . import registry, workspace
 from .decode import DECODE_PARAMS, METADATA_PARAMS
 from .decode_plan import METADATA_SIZE, _LOG2E, _kernel_smem
+from .decode_schedule import splits_a_row
 from .device import num_sms as _num_sms, smem_per_sm as _smem_per_sm
 
 # Memos (call signature -> plan), bounded like the dense decode's; `reset()` empties them.
@@ -85,7 +91,7 @@ class SparseMetadataPlan:
 class SparseDecodePlan:
     """The launches and sizes of one validated sparse decode signature; `run` enqueues a call."""
 
-    __slots__ = ("splitkv", "combine", "parts", "b", "s_q", "h_q", "rows", "topk", "q_stride", "idx_stride",
+    __slots__ = ("splitkv", "combine", "merges", "parts", "b", "s_q", "h_q", "rows", "topk", "q_stride", "idx_stride",
                  "block_stride", "kv_tokens", "o_accum_elems", "accum_elems", "default_scale", "device_index",
                  "out_shape", "lse_shape")
 
@@ -103,6 +109,8 @@ class SparseDecodePlan:
                                        pdl=arch.target.major >= 9)
         self.parts, self.b, self.s_q, self.h_q = parts, b, s_q, h_q
         self.topk = indices.shape[2]
+        meta_cfg = metadata_config()
+        self.merges = splits_a_row(self.rows, self.topk, parts, meta_cfg.block_n, meta_cfg.fixed_overhead_blocks)
         self.q_stride, self.idx_stride = q.stride(1), indices.stride(1)  # of the flattened (b * s_q) rows
         self.block_stride = k_cache.stride(0) * k_cache.element_size()
         self.kv_tokens = num_blocks * page_size
@@ -129,7 +137,8 @@ class SparseDecodePlan:
             0 if topk_length is None else topk_length.data_ptr(), 0 if attn_sink is None else attn_sink.data_ptr(),
             self.block_stride, self.topk, self.kv_tokens, 0)
         self.splitkv(stream, params, k_cache.data_ptr())
-        self.combine(stream, params)
+        if self.merges:
+            self.combine(stream, params)
         del scratch  # (graph capture) freed only now: later captured work may reuse the block
         return out, lse
 
