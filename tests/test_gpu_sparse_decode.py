@@ -104,7 +104,8 @@ def test_host_schedule_matches_the_metadata_kernel(b, s_q, h_q, topk):
     """runtimes/decode_schedule.greedy_schedule, from which the sparse plan decides whether to launch the
     combine, against the metadata kernel's schedule: the sparse form (every row topk keys) and the dense
     decode's over random lengths with empty ones."""
-    lens = torch.randint(0, 5000, (b,), dtype=torch.int32, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(b + topk)
+    lens = torch.randint(0, 5000, (b,), dtype=torch.int32, device="cuda", generator=gen)
     lens[::4] = 0
     cfg = metadata_config()
     for metadata, num_splits, lengths in (

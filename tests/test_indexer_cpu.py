@@ -297,6 +297,8 @@ def test_paged_warm_path_launch_values(gpu_stub, monkeypatch):
         same = lambda a, b: all(x is y for x, y in zip(a, b))  # noqa: E731
         assert same(launches[-1][1], descs) and len(built) == 1   # same pointers: the same descriptors
         assert launches[-1][0][4] == 256 and launches[-1][0][10:] == (70, 0)
+        none = mla_jit.fp8_paged_mqa_logits(q, cache, w, lens, table, sched, 0)   # no column: stride 0, nothing written
+        assert none.shape == (6, 0) and launches[-1][0][4] == 0 and launches[-1][0][10] == 0
         q2 = q.clone()
         mla_jit.fp8_paged_mqa_logits(q2, cache, w, lens, table, sched, 70)
         assert built[-1] == (q2.data_ptr(), w.data_ptr(), cache.data_ptr()) and not same(launches[-1][1], descs)

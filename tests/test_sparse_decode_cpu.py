@@ -139,9 +139,24 @@ def test_host_schedule_covers_every_sequence_once(seed):
 def test_host_schedule_of_the_benchmark_rows():
     """b 128 (and 256 rows), topk 2048 (32 tiles): every part holds whole rows, so the plan launches
     no combine; 100 rows of 8192 keys on 132 parts are cut."""
+    from mla_jit.configs.decode import metadata_config
     from mla_jit.runtimes.decode_schedule import greedy_schedule, splits_a_row
+    cfg = metadata_config()
+    assert (cfg.block_n, cfg.fixed_overhead_blocks) == (64, 5)   # (the figures below assume them)
+    assert (num_sm_parts(132, 1, 64, 64), num_sm_parts(132, 1, 128, 64)) == (132, 66)
     meta, num_splits = greedy_schedule([2048] * 128, 132, 64, 5)
     assert meta[5][:5] == [5, 0, 5, 2048, 0] and meta[128] == [0] * 8 and num_splits == list(range(129))
     assert not any(splits_a_row(rows, 2048, parts, 64, 5) for rows, parts in ((128, 132), (256, 132), (128, 66),
                                                                               (256, 66)))
     assert splits_a_row(100, 8192, 132, 64, 5) and splits_a_row(3, 2048, 132, 64, 5)
+
+
+def test_closed_form_split_test_matches_the_greedy():
+    from mla_jit.runtimes.decode_schedule import greedy_schedule, splits_a_row
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3000):
+        rows, length, parts, overhead = (int(torch.randint(lo, hi, (1,), generator=gen))
+                                         for lo, hi in ((1, 400), (1, 9000), (1, 300), (0, 9)))
+        _, num_splits = greedy_schedule([length] * rows, parts, 64, overhead)
+        cut = any(num_splits[i + 1] - num_splits[i] > 1 for i in range(rows))
+        assert splits_a_row(rows, length, parts, 64, overhead) == cut, (rows, length, parts, overhead)

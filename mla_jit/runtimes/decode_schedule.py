@@ -60,6 +60,16 @@ def greedy_schedule(lengths: Sequence[int], parts: int, block_n: int,
 
 
 def splits_a_row(rows: int, length: int, parts: int, block_n: int, overhead: int) -> bool:
-    """Whether the greedy split of `rows` sequences of `length` keys cuts any of them in two."""
-    _, num_splits = greedy_schedule([length] * rows, parts, block_n, overhead)
-    return any(num_splits[i + 1] - num_splits[i] > 1 for i in range(rows))
+    """Whether the greedy split of `rows` sequences of `length` > 0 keys cuts any of them in two
+    (greedy_schedule's answer in closed form: a plan may serve millions of rows). Until a row is cut,
+    every part starts on a row boundary with the same payload P; it finishes k = P // c rows of cost
+    c = blocks + overhead, then stops if the remainder P - k c is at most the overhead (a fresh piece
+    would hold no block), else cuts the next row if one is left. The last part takes everything."""
+    if rows <= 0 or length <= 0 or parts <= 1:
+        return False
+    cost = -(-length // block_n) + overhead
+    payload = -(-(rows * cost) // parts) + overhead
+    whole = payload // cost
+    if whole == 0:
+        return True   # the first part cuts the first row (rows >= 1, parts >= 2)
+    return payload - whole * cost > overhead and rows > whole

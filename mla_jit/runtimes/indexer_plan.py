@@ -22,6 +22,8 @@ from .indexer import LOGITS_PARAMS, LOGITS_SM80_PARAMS, METADATA_PARAMS, PAGED_P
 
 MAX_PLANS = 1024
 MAX_DESCRIPTORS = 4096
+# A PagedCall's (q, weights, cache) pointer triples: layers x the engine's q / weights buffers.
+MAX_CALL_DESCRIPTORS = 512
 plans: dict[tuple, object] = {}            # layout signature -> LogitsPlan / PagedCall / MetadataPlan
 _descriptors: dict[tuple, tma.TmaDescriptor] = {}
 # The variable that picks a kernel: part of the plan keys (read raw on the warm path).
@@ -194,7 +196,7 @@ class PagedCall:
         key = (q_ptr, w_ptr, kv_ptr)
         descs = self.descs.get(key)
         if descs is None:
-            if len(self.descs) >= MAX_DESCRIPTORS:   # ever-new buffers: keep the memo bounded
+            if len(self.descs) >= MAX_CALL_DESCRIPTORS:   # ever-new buffers: keep the memo bounded
                 self.descs.clear()
             descs = self.descs[key] = plan.descriptors(q, weights, kv_cache)
         plan.launch(stream, PAGED_PARAMS.pack(*base), *descs, grid=(self.ctas, 1, 1))
