@@ -88,11 +88,11 @@ def _dense_call(args):
                                                   causal=args.causal)
 
 
-def _sparse_call(args):
+def sparse_call(b: int, s_q: int, h_q: int, topk: int, s_k: int = 32768):
+    """A sparse decode call over FP8 records, inputs as bench_sparse_decode.py (no invalid index)."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
     from sparse_inputs import SparseCase, make_sparse_inputs
-    case = SparseCase(args.b, args.s_q, args.h_q, args.sparse_topk, s_k=args.s_k, invalid=0.0)
-    q, records, _, indices, _, _ = make_sparse_inputs(case)
+    q, records, _, indices, _, _ = make_sparse_inputs(SparseCase(b, s_q, h_q, topk, s_k=s_k, invalid=0.0))
     sched, _ = mla_jit.get_mla_metadata()
     return lambda: mla_jit.flash_mla_with_kvcache(q, records, None, None, 512, sched, None, is_fp8_kvcache=True,
                                                   indices=indices)
@@ -116,7 +116,8 @@ def main() -> None:
     if args.cluster:
         os.environ["MLA_JIT_SM90_CLUSTER"] = args.cluster
     flush = torch.empty(8 << 30, dtype=torch.uint8, device="cuda")  # 8 GB, as bench_decode.py
-    call = _sparse_call(args) if args.sparse_topk else _dense_call(args)
+    call = (sparse_call(args.b, args.s_q, args.h_q, args.sparse_topk, args.s_k) if args.sparse_topk
+            else _dense_call(args))
     call()
     torch.cuda.synchronize()
     tables = _tables(torch.cuda.current_device())

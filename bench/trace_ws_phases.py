@@ -27,20 +27,15 @@ os.environ["MLA_JIT_TRACE"] = "1"  # before any kernel is built: part of the cac
 import torch  # noqa: E402
 
 import mla_jit  # noqa: E402
-from trace_decode import _read, family_tables, traced_calls  # noqa: E402  (bench/ is sys.path[0])
+from trace_decode import _read, family_tables, sparse_call, traced_calls  # noqa: E402  (bench/ is sys.path[0])
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from sparse_inputs import SparseCase, make_sparse_inputs  # noqa: E402
 
 TILES = 8  # WsPhaseTrace::kTiles
 
 
 def _sparse_call(args):
-    case = SparseCase(args.dims[0], args.dims[1], args.dims[2], args.topk, s_k=32768, invalid=0.0)
-    q, records, _, indices, _, _ = make_sparse_inputs(case)
-    sched, _ = mla_jit.get_mla_metadata()
-    return "mla_sparse_sm90", lambda: mla_jit.flash_mla_with_kvcache(q, records, None, None, 512, sched, None,
-                                                                     is_fp8_kvcache=True, indices=indices)
+    return "mla_sparse_sm90", sparse_call(*args.dims[:3], args.topk)
 
 
 def _fp8_call(args):

@@ -257,7 +257,7 @@ def _paged_eager(q, kv_cache, weights, context_lens, block_table, schedule_meta,
         if signature is not None:
             runtime.plans[signature] = call
     row_stride = _paged_stride(max_context_len)
-    # (as_strided: the view buffer[:, :max_context_len] is, at a third of the slice's host time)
+    # The view buffer[:, :max_context_len], made by as_strided (a third of the slice's host time).
     logits = torch.empty((call.rows, row_stride), dtype=torch.float32, device=q.device).as_strided(
         (call.rows, max_context_len), (row_stride, 1))
     call.run(q, weights, kv_cache, q_ptr, w_ptr, kv_ptr, context_lens.data_ptr(), block_table.data_ptr(),
