@@ -12,6 +12,9 @@ CTA (WsPhaseTrace); this prints the median over those rows, in SM clocks:
   P V  sparse: deq    named barrier -> tile n + 1 de-quantized               waitP  -> P(n) arrived
        fp8:    deq    wait for tile n's bytes + V^T transpose + barrier      waitP  -> P(n) arrived
        pv      P V(n) (sparse: with the gather beside it)                    loop   -> the next tile's start
+       fp8, the loop's refill by the producer (thread 128; page >= 64): rel  P V(n) done -> the stage
+       released (pv_done of both warpgroups), tma  -> its loads issued (block-table read, 9 TMAs),
+       rest  -> the next tile's start
 and the tile period (WG0's wait start to the next one's). Needs >= 16 tiles per CTA (e.g. sparse 128 1 64,
 fp8 128 1 32768 16).
 """
@@ -67,7 +70,7 @@ def main() -> None:
     traced_calls(tables, flush, call, args.runs)
     rows = {r[0]: r[1:] for address, nbytes in tables for r in _read(address, nbytes)}
     complete = {i: r for i, r in rows.items() if all(r[:8])}
-    names = ("wait", "S", "smax", "gap", "deq", "waitP", "pv", "loop", "period")
+    names = ("wait", "S", "smax", "gap", "deq", "waitP", "pv", "loop", "rel", "tma", "rest", "period")
     spans = {n: [] for n in names}
     for i, r in complete.items():
         spans["wait"].append(r[1] - r[0])
@@ -80,6 +83,10 @@ def main() -> None:
         if nxt:
             spans["gap"].append(nxt[0] - r[3])
             spans["loop"].append(nxt[4] - r[7])
+            if nxt[8] and nxt[9]:   # (the refill the next tile's loop issued)
+                spans["rel"].append(nxt[8] - r[7])
+                spans["tma"].append(nxt[9] - nxt[8])
+                spans["rest"].append(nxt[4] - nxt[9])
             spans["period"].append(nxt[0] - r[0])
     if not spans["period"]:
         raise SystemExit("no complete rows: at least 16 tiles per CTA needed")

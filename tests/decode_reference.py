@@ -41,3 +41,43 @@ def mla_decode_reference(q, k_cache, block_table, cache_seqlens, head_dim_v, sof
         out[i] = torch.einsum("hsl,lhd->shd", p, v)
         lse[i] = torch.where(seen, row_lse, torch.full_like(row_lse, math.inf))
     return out, lse
+
+
+def fp8_p_error_terms(q, k_cache, block_table, cache_seqlens, head_dim_v, small=2.0 ** -6, softmax_scale=None,
+                      causal=False):
+    """The two terms of a bound on out's error when P is rounded to e4m3 (tests of the FP8 kernels),
+    each (b, s_q, h_q, dv) float32 over the keys a row sees:
+    - weighted: sum_j p_j |v_jc| with p the reference's softmax weights (e4m3's relative rounding of
+      a normal P_j, 2^-4, times this bounds its part of the error);
+    - small: sum_j [e_j < small] |v_jc| / sum_j e_j with e_j = exp(s_j - max_j s_j). A kernel whose P_j
+      is relative to a reference max at most the true max has P_j >= e_j and sum_j P_j >= sum_j e_j,
+      so its subnormal P_j (below 2^-6: absolute rounding 2^-10) are among these keys, and 2^-10 times
+      this bounds their part of the normalized error.
+    Rows that see no key give 0. Same masking and paging as mla_decode_reference."""
+    b, s_q, h_q, d = q.shape
+    _, page, h_kv, _ = k_cache.shape
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    qpk = h_q // h_kv
+    weighted = torch.zeros(b, s_q, h_q, head_dim_v, dtype=torch.float32, device=q.device)
+    small_part = torch.zeros_like(weighted)
+    for i, L in enumerate(int(x) for x in cache_seqlens.tolist()):
+        if L <= 0:
+            continue
+        nblk = (L + page - 1) // page
+        kv = k_cache[block_table[i, :nblk].long()].reshape(nblk * page, h_kv, d)[:L].float()
+        k = kv.repeat_interleave(qpk, dim=1)
+        v_abs = k[..., :head_dim_v].abs()
+        scores = torch.einsum("shd,lhd->hsl", q[i].float(), k) * scale
+        if causal:
+            key = torch.arange(L, device=q.device).view(1, L)
+            lim = (L - s_q + torch.arange(s_q, device=q.device)).view(s_q, 1)
+            scores = scores.masked_fill((key > lim).unsqueeze(0), -math.inf)
+        row_max = scores.amax(-1, keepdim=True)
+        seen = torch.isfinite(row_max)
+        e = torch.where(seen, torch.exp(scores - torch.where(seen, row_max, torch.zeros_like(row_max))),
+                        torch.zeros_like(scores))
+        total = e.sum(-1, keepdim=True).clamp(min=1e-30)
+        weighted[i] = torch.einsum("hsl,lhd->shd", e / total, v_abs)
+        tiny = ((e < small) & (scores > -math.inf)).float()
+        small_part[i] = torch.einsum("hsl,lhd->shd", tiny / total, v_abs)
+    return weighted, small_part

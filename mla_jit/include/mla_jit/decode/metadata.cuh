@@ -54,7 +54,7 @@ __device__ __forceinline__ void mla_metadata_body(const MetadataParams& p) {
   long long local = 0;
   for (int i = tid; i < p.b; i += kMetadataThreads) {
     const int L = max(sequence_length(p, i), 0);
-    if (L > 0) local += (L + bn - 1) / bn + ovh;
+    if (L > 0) local += (L - 1) / bn + 1 + ovh;  // ceil(L / bn) without L + bn - 1's int overflow
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) local += __shfl_xor_sync(0xffffffffu, local, o);
@@ -97,7 +97,7 @@ __device__ __forceinline__ void mla_metadata_body(const MetadataParams& p) {
         ++cur_b;
         continue;
       }
-      const int nblk = (L + bn - 1) / bn;
+      const int nblk = (L - 1) / bn + 1;  // (L > 0)
       const int left = nblk - cur_blk;
       if (remain >= (long long)left + ovh) {
         // Finish this sequence inside this part.

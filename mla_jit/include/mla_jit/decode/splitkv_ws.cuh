@@ -165,6 +165,8 @@ struct WsCursor {
 // (sparse: published). Thread 128 (P V, its loop's tile n): sparse: 4 past the named barrier,
 // 5 tile n + 1 de-quantized (FP8 records); e4m3: 4 before the wait for tile n, 5 its V^T written
 // (both warpgroups' halves: barrier); both: 6 P(n) arrived, 7 P V(n) and the work beside it done.
+// e4m3, the TMA producer (thread 128) at the refill its loop's tile n issues (tile n - 1 + NS):
+// 8 the stage released (pv_done of tile n - 1 waited), 9 the tile's loads issued.
 struct WsPhaseTrace {
   static constexpr int kFirstTile = 8, kTiles = 8;
   __device__ __forceinline__ static void mark(int n, int event) {
@@ -579,10 +581,12 @@ __device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, Lens seqlen
     const int page = prod.tok / Cfg::PAGE_SIZE;
     const int row = bt[page] * Cfg::PAGE_SIZE + (prod.tok % Cfg::PAGE_SIZE);
     if (n >= NS) mbarrier_wait(&ss.pv_done[stage], (n / NS - 1) & 1);
+    if (Cfg::kFp8) WsPhaseTrace::mark(n - NS + 1, 8);
     note_valid();
     mbarrier_arrive_expect_tx(&ss.full[stage], Cfg::kTileBytes);
 #pragma unroll
     for (int c = 0; c < Cfg::kColChunks; ++c) load_chunk(c, dst + c * kChunkBytes, c * Cfg::kBoxCols, row);
+    if (Cfg::kFp8) WsPhaseTrace::mark(n - NS + 1, 9);
   } else {
     // Several pages per tile: load only pages that hold tokens < L (later block_table
     // entries may be garbage, later pages NaN).
