@@ -33,7 +33,7 @@ def test_every_supported_config_renders():
             assert f"SplitKVWsConfig<cutlass::{'bfloat16_t' if dtype == 'bf16' else 'half_t'}, {d}, {dv}," in src.source
             # 3 stages, or 2 (and 2 landing slots) over an e4m3 cache
             assert f"{page}, 64, 64, {2 if kv else 3}, {tail}, {'true' if kv else 'false'},\n" in src.source
-            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false>" in src.source
+            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false," in src.source and "/*EARLY_RELEASE=*/false>" in src.source
             # The fused-combine kernel ships without the combine kernel.
             assert ("mla_jit_decode_combine(" in src.source) == combine
             assert family.entry_points(cfg)[1:] == (("mla_jit_decode_combine",) if combine else ())
@@ -44,7 +44,7 @@ def test_every_supported_config_renders():
     assert not decode_config("e4m3", 576, 512, 64, SM90.tuning, rows=33).compact_rows
     assert not decode_config("e4m3", 576, 512, 64, SM90.tuning).compact_rows
     src = family.source(decode_config("bf16", 576, 512, 64, SM90.tuning, rows=16), SM90).source
-    assert "/*COMPACT_ROWS=*/true>" in src and "compact rows." in src
+    assert "/*COMPACT_ROWS=*/true," in src and "compact rows." in src
     assert decode_config("bf16", 576, 512, 64, SM90.tuning).schedule == "ws"  # the default
     assert decode_config("bf16", 576, 512, 64, SM90.tuning, kv_dtype="bf16").kv_dtype is None  # q's own: None
     clustered = decode_config("bf16", 576, 512, 64, SM90.tuning, "ws", 2)
@@ -197,6 +197,17 @@ def test_fp8_decode_kernels_compile_without_spills(d, page, schedule, cluster_m,
     _assert_compiles_clean("mla_decode_sm90", decode_config("e4m3", d, 512, page, SM90.tuning, schedule, cluster_m))
     _assert_compiles_clean("mla_decode_sm90", decode_config("bf16" if page > 16 else "fp16", d, 512, page, SM90.tuning,
                                                             schedule, cluster_m, "e4m3"))
+
+
+@pytest.mark.slow
+def test_fp8_early_release_kernel_compiles_without_spills(cache_root, monkeypatch):
+    """The e4m3 kernel with the early stage release (MLA_JIT_SM90_FP8_STAGE_RELEASE=early), clustered:
+    not yet the default (bench/NOTES.md, session 34); it must keep compiling clean."""
+    monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
+    cfg = decode_config("e4m3", 576, 512, 64, SM90.tuning, "ws_unfused", 2, stage_release="early")
+    assert cfg.early_release and "/*EARLY_RELEASE=*/true>" in registry.get("mla_decode_sm90").source(cfg, SM90).source
+    assert not decode_config("bf16", 576, 512, 64, SM90.tuning, stage_release="early").early_release  # e4m3 only
+    _assert_compiles_clean("mla_decode_sm90", cfg)
 
 
 @pytest.mark.slow

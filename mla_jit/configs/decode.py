@@ -23,6 +23,12 @@ CLUSTER_ENV = env.declare(
     "launch falls back to none when the GPU cannot keep every cluster resident at once "
     "(cuOccupancyMaxActiveClusters).",
     choices=("auto", "1", "2"), owner=__name__)
+FP8_STAGE_RELEASE_ENV = env.declare(
+    "MLA_JIT_SM90_FP8_STAGE_RELEASE", "after_pv",
+    "When the Hopper e4m3 decode kernel (e4m3 q and cache) gives a KV stage back to its TMA producer: "
+    "`after_pv` (once both P V warpgroups are done with the tile) or `early` (once S and the V^T "
+    "transpositions have read it; P in slots of its own). `early` is not yet measured on a GPU.",
+    choices=("after_pv", "early"), owner=__name__)
 
 BLOCK_M = 64           # query rows (s_q * heads per KV head) per CTA tile
 BLOCK_N = 64           # KV tokens per pipeline stage
@@ -189,6 +195,9 @@ class DecodeConfig:
     # At most 32 query rows a KV head (one row tile): the rows in the first row half of each warp's
     # 16, so the softmax warpgroup runs its per-row work for one of a thread's two rows (splitkv_ws.cuh).
     compact_rows: bool = False
+    # e4m3 q and cache: a stage goes back to the TMA producer once S and the V^T transpositions have
+    # read it, P in two slots of its own (splitkv_ws.cuh, kEarlyRelease); else after P V.
+    early_release: bool = False
 
     num_threads = 384   # a producer warpgroup, the S/softmax warpgroup, two P V warpgroups
 
@@ -200,6 +209,7 @@ class DecodeConfig:
             raise InvalidArgumentError("DecodeConfig.kv_dtype", "None unless dtype is bf16 or fp16",
                                        f"{self.kv_dtype!r} with dtype {self.dtype!r}")
         check_fields(self, schedule=SCHEDULES, cluster_m=(1, 2), dtype=tuple(STAGES), compact_rows=(False, True),
+                     early_release=(False, True) if self.dtype == "e4m3" else (False,),
                      head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS), page_size=SUPPORTED_PAGE_SIZES,
                      block_m=(BLOCK_M,), block_n=(BLOCK_N,), num_stages=(stages_for(self.dtype, self.kv_dtype),))
         if self.compact_rows and self.cluster_m != 1:   # (at most 32 rows: one row tile)
@@ -269,13 +279,15 @@ def cluster_m_for(row_tiles: int, choice: str = "auto") -> int:
 @functools.lru_cache(maxsize=None)
 def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
                   schedule: str = "ws", cluster_m: int = 1, kv_dtype: str | None = None,
-                  rows: int | None = None) -> DecodeConfig:
+                  rows: int | None = None, stage_release: str = "after_pv") -> DecodeConfig:
     """kv_dtype: the cache's dtype where it is not q's (`dtype`). rows: query rows a KV head (s_q x
-    h_q / h_kv), where known: compact rows at most BLOCK_M / 2 (one row tile, half of it padding)."""
+    h_q / h_kv), where known: compact rows at most BLOCK_M / 2 (one row tile, half of it padding).
+    stage_release: MLA_JIT_SM90_FP8_STAGE_RELEASE's choice (the e4m3 kernel only)."""
     kv_dtype = None if kv_dtype == dtype else kv_dtype
     return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N,
                         num_stages=stages_for(dtype, kv_dtype), schedule=schedule, cluster_m=cluster_m,
-                        kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2 and cluster_m == 1)
+                        kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2 and cluster_m == 1,
+                        early_release=stage_release == "early" and dtype == "e4m3")
 
 
 @functools.lru_cache(maxsize=None)

@@ -87,6 +87,14 @@
 // token order that P's columns share), and syncs its 4 warps on named barrier 4 / 5 before its
 // P V. It zeroes tokens >= L there itself (the producer notes each tile's valid tokens in
 // tile_valid[s]): WG0's tail zeroing runs concurrently. Registers: WG0 152, WG1/WG2 176.
+// EARLY_RELEASE (e4m3 only; MLA_JIT_SM90_FP8_STAGE_RELEASE=early, not yet measured): P goes into two
+// slots of its own (aux, by tile parity) instead of the rope columns, so a stage's last readers are
+// S(n) and the two V^T transpositions. Each of those warps (WG0's after S's wait, the P V warps
+// after transposing; 12 x CLUSTER_M, cluster-wide as pv_done otherwise) arrives on stage_free[s],
+// which the producer waits before the refill instead of pv_done: the refill no longer waits for
+// both P V(n) (H200 trace: ~600 of the P V side's ~1360-clock loop). pv_done (this CTA's 8 P V
+// warps) then guards the P slot: WG0 waits pv_done of tile n - 2 before storing P(n), which also
+// covers tile n - 2's row_scale / info (read before the arrival; stage s's are rewritten at n + NS).
 //
 // KV_FP8 (a bf16 / fp16 q over an e4m3 cache; out in q's dtype): the 16-bit kernel with 2 stages
 // and 2 e4m3 landing slots (LandingSlots, the same 221 KB at d = 576). The TMA loads tile n into
@@ -373,7 +381,7 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
           int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int CLUSTER_M_ = 1,
           bool KV_FP8_ = false, int SPARSE_KV_ = 0, bool COMPACT_ROWS_ = false, int S_FIRST_GROUP_K_ = 18,
-          typename RECORD_ = V32Record>
+          typename RECORD_ = V32Record, bool EARLY_RELEASE_ = false>
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_>;
   using Element = Element_;
@@ -430,6 +438,11 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   static constexpr int kTileQueryRows = kCompactRows ? BLOCK_M / 2 : BLOCK_M;
   static_assert(!kCompactRows || (SPARSE_KV_ == 0 && CLUSTER_M == 1), "compact rows: the dense decode, one row tile");
   static constexpr bool kSparseFp8 = SPARSE_KV_ == 1;
+  // e4m3: a stage goes back to the producer once its last readers are done (WG0's S and the two V^T
+  // transpositions: stage_free) instead of after P V, whose P then sits in two slots of its own by
+  // tile parity (aux) and whose end (pv_done) WG0 waits before reusing a P slot. See "Synchronization".
+  static constexpr bool kEarlyRelease = EARLY_RELEASE_;
+  static_assert(!kEarlyRelease || (kFp8 && SPARSE_KV_ == 0), "early stage release: the dense e4m3 kernel");
   static_assert(SPARSE_KV_ >= 0 && SPARSE_KV_ <= 2, "SPARSE_KV: 0 (dense paged), 1 (FP8 records), 2 (bf16 rows)");
   static_assert(!kSparse || (cute::is_same_v<Element, cutlass::bfloat16_t> && !KV_FP8_ && !FUSED_COMBINE_ &&
                              CLUSTER_M_ == 1 && (kSparseFp8 || PAGE_SIZE_ == 64)),
@@ -463,9 +476,11 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // e4m3: all of Q is 72 registers (18 k-steps of 32 columns), so S is register-A wgmma alone.
   static constexpr int kQRegCols = kFp8 ? HEAD_DIM : HEAD_DIM_V - 16;
   // d > dv: P goes into the rope columns of its stage's K tile; 16-bit Q's rope part is in smem.
-  static constexpr bool kPInRope = HEAD_DIM > HEAD_DIM_V;
-  // aux: 16-bit Q rope (BLOCK_M x 64) when kPInRope, else one P tile (BLOCK_M x BLOCK_N) per stage.
-  static constexpr int kAuxElems = kPInRope ? (kFp8 ? 16 : BLOCK_M * 64) : NUM_STAGES * BLOCK_M * BLOCK_N;
+  static constexpr bool kPInRope = HEAD_DIM > HEAD_DIM_V && !EARLY_RELEASE_;
+  // aux: 16-bit Q rope (BLOCK_M x 64) when kPInRope, else one P tile (BLOCK_M x BLOCK_N) per stage
+  // (early release: per tile parity).
+  static constexpr int kPSlots = EARLY_RELEASE_ ? 2 : NUM_STAGES;
+  static constexpr int kAuxElems = kPInRope ? (kFp8 ? 16 : BLOCK_M * 64) : kPSlots * BLOCK_M * BLOCK_N;
 
   // Q[:, kQRegCols:DV]: 64 x 16, K-major with the 32B swizzle (16-bit only; a 32-column e4m3
   // atom stands in for the unused type).
@@ -522,7 +537,11 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     int num_pending;
     alignas(8) uint64_t full[NUM_STAGES];     // TMA landed (tx-count barrier); sparse: the gather did
     uint64_t p_full[NUM_STAGES];               // WG0 wrote P / row_scale / info (4 warp arrivals)
-    uint64_t pv_done[NUM_STAGES];              // WG1 + WG2 of every cluster CTA finished P V (8 x CLUSTER_M)
+    uint64_t pv_done[NUM_STAGES];              // WG1 + WG2 of every cluster CTA finished P V (8 x CLUSTER_M;
+                                               // early release: of this CTA, 8)
+    // Early release: WG0's S and both V^T transpositions of every cluster CTA are done with the stage
+    // (12 x CLUSTER_M); the producer waits this instead of pv_done.
+    uint64_t stage_free[kEarlyRelease ? NUM_STAGES : 1];
     uint64_t kv_ready[kDequantInPv ? NUM_STAGES : 1];  // the stage is de-quantized (8 P V warps)
   };
   // At d = 576 with 3 stages the +1024 alignment slack does not fit (see Sm90SmemSize).
@@ -580,7 +599,7 @@ __device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, Lens seqlen
   if constexpr (Cfg::kPagesPerTile == 1) {
     const int page = prod.tok / Cfg::PAGE_SIZE;
     const int row = bt[page] * Cfg::PAGE_SIZE + (prod.tok % Cfg::PAGE_SIZE);
-    if (n >= NS) mbarrier_wait(&ss.pv_done[stage], (n / NS - 1) & 1);
+    if (n >= NS) mbarrier_wait(Cfg::kEarlyRelease ? &ss.stage_free[stage] : &ss.pv_done[stage], (n / NS - 1) & 1);
     if (Cfg::kFp8) WsPhaseTrace::mark(n - NS + 1, 8);
     note_valid();
     mbarrier_arrive_expect_tx(&ss.full[stage], Cfg::kTileBytes);
@@ -595,7 +614,7 @@ __device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, Lens seqlen
     const int* pages = bt + prod.tok / Cfg::PAGE_SIZE;
     // The block-table reads follow the wait here: kept in registers across it, the page rows
     // spill in this (register-bound) P V warpgroup at small page sizes.
-    if (n >= NS) mbarrier_wait(&ss.pv_done[stage], (n / NS - 1) & 1);
+    if (n >= NS) mbarrier_wait(Cfg::kEarlyRelease ? &ss.stage_free[stage] : &ss.pv_done[stage], (n / NS - 1) & 1);
     note_valid();
     mbarrier_arrive_expect_tx(&ss.full[stage], npages * Cfg::kPageBytes);
 #pragma unroll 1
@@ -624,6 +643,19 @@ __device__ __forceinline__ void ws_producer_start(const DecodeParams& p, Lens se
   ss.prod_n = 0;
   ss.prod.init(meta, seqlens);
   if (ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
+}
+
+// One arrival per warp (all of whose reads of stage s are done) on bars[s] of every CTA of the
+// cluster: lane r tells cluster CTA r, whose producer multicasts into this CTA's stage too.
+// bars: pv_done, or stage_free (early release; also WG0's warps).
+template <typename Cfg>
+__device__ __forceinline__ void ws_release_stage(uint64_t* bars, int stage, int lane) {
+  __syncwarp();
+  if constexpr (Cfg::CLUSTER_M == 1) {
+    if (lane == 0) mbarrier_arrive(&bars[stage]);
+  } else {
+    if (lane < Cfg::CLUSTER_M) mbarrier_arrive_cluster(&bars[stage], lane);
+  }
 }
 
 // ============================ WG0: S = Q K^T, online softmax, P ============================
@@ -1002,7 +1034,8 @@ __device__ __forceinline__ void ws_finish_rows(const DecodeParams& p, WsSoftmaxS
 // published here (ws_wait_s of the next tile, or ws_publish_p at a piece's last tile).
 template <typename Cfg>
 __device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSoftmaxState<Cfg>& st, int tw, int row0,
-                                           int stage, const float (&sc)[2], const float (&fin)[2], bool last) {
+                                           int stage, const float (&sc)[2], const float (&fin)[2], bool last,
+                                           int tile) {
   using Element = typename Cfg::Element;
   constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
   Element* kv = ss.kv[stage];
@@ -1011,7 +1044,7 @@ __device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSo
     pbuf = kv + DV * BN;  // the rope slab of this tile: free once every warp's S(n) is done
     named_barrier_sync(kBarWG0, 128);
   } else {
-    pbuf = ss.aux + stage * (BM * BN);
+    pbuf = ss.aux + (Cfg::kEarlyRelease ? tile & 1 : stage) * (BM * BN);
   }
   if constexpr (Cfg::kFp8) {
     store_p_e4m3_sw64<Cfg::kRowHalves>(smem_addr(pbuf), tw, st.tSrS);
@@ -1097,6 +1130,7 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, Lens
     const int stage = n % NS;
 
     ws_wait_s<Cfg>(ss, st, tw, unpublished);
+    if constexpr (Cfg::kEarlyRelease) ws_release_stage<Cfg>(ss.stage_free, stage, tw % 32);  // S read K(n)
     if ((Cfg::kSparse || Cfg::kFp8) && tw == 0) WsPhaseTrace::mark(n, 2);
     float sc[2];  // O rescale of this tile
     ws_softmax<Cfg>(p, st, row0, col_lane, sc, Cfg::kDescaled ? fp8_scale_log2 : p.scale_log2,
@@ -1104,7 +1138,12 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, Lens
     const bool last = st.cur.tok + BN >= st.cur.stop;
     float lse2[2] = {-kInf, -kInf}, fin[2];
     if (last) ws_finish_rows<Cfg>(p, st, row0, sc, lse2, fin, fp8_v_scale);
-    ws_store_p<Cfg>(ss, st, tw, row0, stage, sc, fin, last);
+    if constexpr (Cfg::kEarlyRelease) {
+      // P(n)'s slot held P(n - 2): both P V warpgroups are done with it (and with tile n - 2's
+      // row_scale / info, read before their arrival; stage n % NS's are rewritten only at n + NS).
+      if (n >= 2) mbarrier_wait(&ss.pv_done[(n - 2) % NS], ((n - 2) / NS) & 1);
+    }
+    ws_store_p<Cfg>(ss, st, tw, row0, stage, sc, fin, last, n);
 
     if constexpr (Cfg::kFusedCombine) {
       if (last && (tw & 3) == 0) ws_store_lse<Cfg>(p, st, row0, lse2);
@@ -1301,17 +1340,7 @@ __device__ __forceinline__ int ws_count_tiles(const DecodeParams& p, Lens seqlen
 // half into its V^T buffer (vt_buf: the tile's parity; the buffer's previous reader, P V two
 // tiles back, was waited by every warp before the named barrier of the tile in between); after
 // P V, a piece's last tile multiplies O by the rows' final factor (1/l times the descale).
-// One arrival per warp (all of whose reads of stage s are done) on pv_done[s] of every CTA of the
-// cluster: lane r tells cluster CTA r, whose producer multicasts into this CTA's stage too.
-template <typename Cfg>
-__device__ __forceinline__ void ws_release_stage(typename Cfg::SharedStorage& ss, int stage, int lane) {
-  __syncwarp();
-  if constexpr (Cfg::CLUSTER_M == 1) {
-    if (lane == 0) mbarrier_arrive(&ss.pv_done[stage]);
-  } else {
-    if (lane < Cfg::CLUSTER_M) mbarrier_arrive_cluster(&ss.pv_done[stage], lane);
-  }
-}
+// The stage (early release: this CTA's P slot) is released by one arrival per warp (ws_release_stage).
 
 // during: work of the thread's own (no O, no wgmma) done while the P V wgmma runs.
 template <typename Cfg, typename TiledMmaO, typename FragO, typename During>
@@ -1328,6 +1357,7 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
     mbarrier_wait(&ss.full[stage], phase);
     transpose_v_half_e4m3<BN>(smem_addr(kv + half * (DV / 2) * BN), smem_addr(v_half), ss.tile_valid[stage], tid_wg);
     fence_proxy_async_shared();  // read by wgmma (async proxy)
+    if constexpr (Cfg::kEarlyRelease) ws_release_stage<Cfg>(ss.stage_free, stage, lane);  // V read: its last use
     named_barrier_sync(kBarVt + half, 128);
     if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 5);
     mbarrier_wait(&ss.p_full[stage], phase);
@@ -1352,7 +1382,7 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
   if constexpr (Cfg::kPInRope) {
     pbuf = kv + DV * BN;
   } else {
-    pbuf = ss.aux + stage * (BM * BN);
+    pbuf = ss.aux + (Cfg::kEarlyRelease ? tile & 1 : stage) * (BM * BN);
   }
   issue_pv_half<Cfg>(mma_o, tid_wg, pbuf, v_half, tOrO, fresh);
   during();
@@ -1371,7 +1401,12 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
   }
   // KV_FP8: the TMA refills the landing slot, which ws_dequant_tile releases. Sparse: the P V
   // warpgroups refill the stage themselves after a named barrier.
-  if constexpr (!Cfg::kKvFp8 && !Cfg::kSparse) ws_release_stage<Cfg>(ss, stage, lane);
+  if constexpr (Cfg::kEarlyRelease) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&ss.pv_done[stage]);  // this CTA's P slot (WG0 waits it)
+  } else if constexpr (!Cfg::kKvFp8 && !Cfg::kSparse) {
+    ws_release_stage<Cfg>(ss.pv_done, stage, lane);
+  }
   return info;
 }
 
@@ -1424,7 +1459,7 @@ __device__ __forceinline__ void ws_dequant_tile(typename Cfg::SharedStorage& ss,
   dequant_kv_tile_e4m3<typename Cfg::Element, Cfg::BLOCK_N, Cfg::kColChunks>(
       smem_addr(ss.landing[s]), smem_addr(ss.kv[s]), ss.tile_valid[s], t);
   fence_proxy_async_shared();  // read by wgmma (async proxy)
-  ws_release_stage<Cfg>(ss, s, t % 32);
+  ws_release_stage<Cfg>(ss.pv_done, s, t % 32);
   if (t % 32 == 0) mbarrier_arrive(&ss.kv_ready[s]);
 }
 
@@ -1599,7 +1634,8 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       // Sparse: each gathering thread's cp.async arrival and one per gathering warp (valid flags).
       mbarrier_init(&ss.full[s], Cfg::kSparse ? Cfg::kGatherThreads + Cfg::kGatherThreads / 32 : 1);
       mbarrier_init(&ss.p_full[s], 4);
-      mbarrier_init(&ss.pv_done[s], 8 * Cfg::CLUSTER_M);
+      mbarrier_init(&ss.pv_done[s], Cfg::kEarlyRelease ? 8 : 8 * Cfg::CLUSTER_M);
+      if constexpr (Cfg::kEarlyRelease) mbarrier_init(&ss.stage_free[s], 12 * Cfg::CLUSTER_M);
       if constexpr (Cfg::kDequantInPv) mbarrier_init(&ss.kv_ready[s], 8);
     }
     if constexpr (Cfg::kSparseFp8) mbarrier_init(&ss.landed, Cfg::BLOCK_N);
@@ -1637,7 +1673,7 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
                                     reinterpret_cast<float*>(ss.kv), tid);
     }
   }
-  // No CTA leaves while a peer may still arrive on its pv_done barriers.
+  // No CTA leaves while a peer may still arrive on its pv_done (stage_free) barriers.
   if constexpr (Cfg::CLUSTER_M > 1) cluster_sync();
   if (tid == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceExit);
   pdl_launch_dependents();
