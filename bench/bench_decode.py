@@ -129,12 +129,14 @@ def spec_rows(flush: torch.Tensor, json_path: str | None) -> None:
             json.dump({"gpu": torch.cuda.get_device_name(), "spec_rows": rows}, f, indent=1)
 
 
-def fp8_rows(flush: torch.Tensor, json_path: str | None, anchor_rows: int, against=None) -> None:
+def fp8_rows(flush: torch.Tensor, json_path: str | None, anchor_rows: int, against=None, setups=None) -> None:
     """Our bf16 decode, our FP8 decode (e4m3 q and cache) and our bf16 q over the e4m3 cache, on the
     same inputs (the FP8 ones quantized from the bf16 ones), interleaved call by call: the anchor
     rows, then SPEC_SHAPES. TFLOPS and GB/s are the FP8 decode's (1-byte q and cache); "x vLLM" is
     vLLM's FP8 decode time on that shape (ANCHORS.md, VLLM_FP8_US) over ours. `against` (another copy
-    of the package): its FP8 decode too, in the same interleaving."""
+    of the package, or this one under another environment): its FP8 decode too, in the same
+    interleaving; setups: (ours, the contender's) environment setters, run before each call."""
+    ours, theirs = setups or (lambda: None, lambda: None)
     shapes = list(dict.fromkeys([row[:5] for row in ANCHOR_ROWS[:anchor_rows]] + SPEC_SHAPES))
     rows = []
     print(f"{'b':>4} {'sq':>2} {'sk':>6} {'hq':>4} {'c':>1} {'bf16 us':>8} {'fp8 us':>8} {'ratio':>6} "
@@ -150,9 +152,9 @@ def fp8_rows(flush: torch.Tensor, json_path: str | None, anchor_rows: int, again
                                 descale_q=descale_q, descale_k=descale_k)
         kv8 = functools.partial(mla_jit.flash_mla_with_kvcache, q, k8, *common, causal=bool(causal),
                                 descale_k=descale_k)
-        calls = [(lambda: None, bf16), (lambda: None, fp8), (lambda: None, kv8)]
+        calls = [(ours, bf16), (ours, fp8), (ours, kv8)]
         if against is not None:
-            calls.append((lambda: None, functools.partial(
+            calls.append((theirs, functools.partial(
                 against.flash_mla_with_kvcache_fp8, q8, k8, *common, causal=bool(causal), descale_q=descale_q,
                 descale_k=descale_k)))
         bf16_us, fp8_us, kv8_us, *vs_us = time_interleaved(calls, flush)
@@ -225,7 +227,8 @@ def main() -> None:
         spec_rows(flush, args.json)
         return
     if args.fp8:
-        fp8_rows(flush, args.json, args.rows, packages[1] if len(packages) > 1 else None)
+        fp8_rows(flush, args.json, args.rows, pkg_of[1] if contender else None,
+                 (variants[0], variants[-1]))
         return
     results = []
     for b, s_q, s_k, h_q, causal, anchor_us in ANCHOR_ROWS[:args.rows]:

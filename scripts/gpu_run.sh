@@ -129,7 +129,11 @@ fi
 if [ -f bench/bench_decode.py ] && [ -z "${SKIP_FP8_DECODE_BENCH:-}" ]; then
   # FP8 decode (e4m3 q and cache) against our bf16 decode, interleaved call by call: the anchor rows
   # and s_q 1-16 (bench_decode.py --fp8; summarized from fp8_decode.json).
-  python3 bench/bench_decode.py --fp8 ${BENCH_AGAINST_PACKAGE:+--against-package "$BENCH_AGAINST_PACKAGE"} \
+  # FP8_AGAINST_ENV=NAME=VALUE (e.g. MLA_JIT_SM90_FP8_STAGE_RELEASE=early): that kernel as the contender
+  # instead of the previous package's.
+  if [ -n "${FP8_AGAINST_ENV:-}" ]; then fp8_against=(--against-env "$FP8_AGAINST_ENV")
+  else fp8_against=(${BENCH_AGAINST_PACKAGE:+--against-package "$BENCH_AGAINST_PACKAGE"}); fi
+  python3 bench/bench_decode.py --fp8 ${fp8_against[@]+"${fp8_against[@]}"} \
     --json "$OUT/fp8_decode.json" 2>&1 | tee "$OUT/fp8_decode.log" | tail -n 40
 fi
 for arch in ${FP8_BENCH_ARCHS:-}; do  # e.g. "sm_80 sm_89": the mma.sync family over the FP8 cache on this GPU

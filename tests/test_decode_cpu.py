@@ -33,7 +33,7 @@ def test_every_supported_config_renders():
             assert f"SplitKVWsConfig<cutlass::{'bfloat16_t' if dtype == 'bf16' else 'half_t'}, {d}, {dv}," in src.source
             # 3 stages, or 2 (and 2 landing slots) over an e4m3 cache
             assert f"{page}, 64, 64, {2 if kv else 3}, {tail}, {'true' if kv else 'false'},\n" in src.source
-            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false," in src.source and "/*EARLY_RELEASE=*/false>" in src.source
+            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false," in src.source and "/*CHUNKS_PER_LOAD=*/1>" in src.source
             # The fused-combine kernel ships without the combine kernel.
             assert ("mla_jit_decode_combine(" in src.source) == combine
             assert family.entry_points(cfg)[1:] == (("mla_jit_decode_combine",) if combine else ())
@@ -199,13 +199,35 @@ def test_fp8_decode_kernels_compile_without_spills(d, page, schedule, cluster_m,
                                                             schedule, cluster_m, "e4m3"))
 
 
+def test_tile_wide_tma_box_view_and_config():
+    """MLA_JIT_SM90_FP8_TMA_BOX=tile: the 4-D view's element (chunk c, token t, head h, x) is the cache's
+    (t, h, 64 c + x), and the config takes the tile's chunks in one load (one per cluster CTA group)."""
+    import torch
+
+    from mla_jit.runtimes.decode_plan import kv_tma_view
+    k = torch.arange(3 * 64 * 2 * 576, dtype=torch.int32).view(3, 64, 2, 576)
+    view4 = kv_tma_view(k, 4)
+    assert view4.shape == (9, 192, 2, 64)
+    c, t, h, x = 7, 100, 1, 33
+    assert view4[c, t, h, x] == k.view(192, 2, 576)[t, h, 64 * c + x]
+    assert torch.equal(view4.permute(1, 2, 0, 3).reshape(192, 2, 576), k.view(192, 2, 576))
+    assert decode_config("e4m3", 576, 512, 64, SM90.tuning, tma_box="tile").chunks_per_load == 9
+    assert decode_config("e4m3", 576, 512, 64, SM90.tuning, "ws", 2, tma_box="tile").chunks_per_load == 3
+    assert decode_config("e4m3", 512, 512, 128, SM90.tuning, "ws", 2, tma_box="tile").chunks_per_load == 4
+    assert decode_config("e4m3", 576, 512, 32, SM90.tuning, tma_box="tile").chunks_per_load == 1  # 2 pages a tile
+    assert decode_config("bf16", 576, 512, 64, SM90.tuning, tma_box="tile").chunks_per_load == 1
+    assert decode_config("e4m3", 576, 512, 64, SM90.tuning).chunks_per_load == 1   # the default
+
+
 @pytest.mark.slow
 def test_fp8_early_release_kernel_compiles_without_spills(cache_root, monkeypatch):
-    """The e4m3 kernel with the early stage release (MLA_JIT_SM90_FP8_STAGE_RELEASE=early), clustered:
+    """The e4m3 kernel with the early stage release (MLA_JIT_SM90_FP8_STAGE_RELEASE=early) and a TMA
+    load a group of chunks (MLA_JIT_SM90_FP8_TMA_BOX=tile), clustered:
     not yet the default (bench/NOTES.md, session 34); it must keep compiling clean."""
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
-    cfg = decode_config("e4m3", 576, 512, 64, SM90.tuning, "ws_unfused", 2, stage_release="early")
-    assert cfg.early_release and "/*EARLY_RELEASE=*/true>" in registry.get("mla_decode_sm90").source(cfg, SM90).source
+    cfg = decode_config("e4m3", 576, 512, 64, SM90.tuning, "ws_unfused", 2, stage_release="early", tma_box="tile")
+    assert cfg.early_release and cfg.chunks_per_load == 3
+    assert "/*EARLY_RELEASE=*/true, /*CHUNKS_PER_LOAD=*/3>" in registry.get("mla_decode_sm90").source(cfg, SM90).source
     assert not decode_config("bf16", 576, 512, 64, SM90.tuning, stage_release="early").early_release  # e4m3 only
     _assert_compiles_clean("mla_decode_sm90", cfg)
 

@@ -12,7 +12,7 @@ import logging
 import torch
 
 from ..configs.decode import (BLOCK_M, CLUSTER_ENV, COMBINE_ROWS_PER_CTA, COMBINE_THREADS, FP8_STAGE_RELEASE_ENV,
-                              SCHEDULE_ENV,
+                              FP8_TMA_BOX_ENV, SCHEDULE_ENV,
                               accum_rows, block_m_for, cluster_m_for, ctas_per_sm_for, decode_config,
                               fused_combine_pays, metadata_config, num_sm_parts, out_dtype_of,
                               sm80_decode_config)
@@ -36,7 +36,8 @@ _LOG2E = 1.4426950408889634
 
 # Raw values of the variables that pick a kernel: part of every warm-path plan key, so another
 # value (set at run time) gets another plan.
-plan_env = env.raw_reader("MLA_JIT_ARCH", SCHEDULE_ENV.name, CLUSTER_ENV.name, FP8_STAGE_RELEASE_ENV.name)
+plan_env = env.raw_reader("MLA_JIT_ARCH", SCHEDULE_ENV.name, CLUSTER_ENV.name, FP8_STAGE_RELEASE_ENV.name,
+                          FP8_TMA_BOX_ENV.name)
 
 # Plan memos: call signature -> plan. Filled by the ops after validation (emptied when they reach
 # MAX_PLANS: a caller whose batch or block-table width changes every step must not grow them
@@ -133,9 +134,10 @@ def _kernels(q_shape, dtype: str, kv_dtype: str, head_dim_v: int, page_size: int
             fused = fused_combine_pays(b, rows, parts, head_dim_v, max_seq_tokens, kv_bytes_per_token)
             schedule = "ws" if fused else "ws_unfused"
         cluster_m = cluster_m_for(-(-rows // BLOCK_M), cluster_choice)
-        release = env.choice(FP8_STAGE_RELEASE_ENV.name)
-        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule, cluster_m, kv_dtype, rows, release)
-        params, box = (Blob(DECODE_PARAMS.size), TMA_DESC), (min(page_size, cfg.block_n), 1, 64)
+        fp8_choices = env.choice(FP8_STAGE_RELEASE_ENV.name), env.choice(FP8_TMA_BOX_ENV.name)
+        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule, cluster_m, kv_dtype, rows,
+                            *fp8_choices)
+        params = (Blob(DECODE_PARAMS.size), TMA_DESC)
     else:
         family = registry.get("mla_decode_sm80")
         cfg = sm80_decode_config(dtype, d, head_dim_v, page_size, rows, arch.tuning, kv_dtype)
@@ -147,7 +149,12 @@ def _kernels(q_shape, dtype: str, kv_dtype: str, head_dim_v: int, page_size: int
     grid, block = (parts, h_kv, row_tiles), (cfg.num_threads, 1, 1)
     if cfg.cluster is not None and not _clusters_fit(family, cfg, arch, device_index, grid, block, smem):
         cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, cfg.schedule, 1, kv_dtype, rows,
-                            env.choice(FP8_STAGE_RELEASE_ENV.name))
+                            *fp8_choices)
+    if arch.tuning.major >= 9:
+        # (token, head, 64 columns), or with several chunks a load (chunk, token, head, 64 columns).
+        box = (min(page_size, cfg.block_n), 1, 64)
+        if cfg.chunks_per_load > 1:
+            box = (cfg.chunks_per_load, *box)
     splitkv = family.launcher(cfg, arch, family.SPLITKV, device_index, params, grid, block, dynamic_smem=smem,
                               cluster=cfg.cluster)
     if cfg.fused_combine:
@@ -182,8 +189,20 @@ def _clusters_fit(family, cfg, arch: ArchPair, device_index: int, grid: tuple[in
     return fits >= needed
 
 
-def kv_descriptor(k_cache: torch.Tensor, key: tuple, box: tuple[int, int, int]) -> tma.TmaDescriptor:
-    """The TMA descriptor of the cache; `key` = (data_ptr, shape, dtype) identifies it."""
+def kv_tma_view(k_cache: torch.Tensor, rank: int) -> torch.Tensor:
+    """The cache as the TMA descriptor sees it: (token, head, column), or at rank 4 (64-column chunk,
+    token, head, column within the chunk), whose box lands as the chunk-major slabs the kernel reads."""
+    num_blocks, page_size, h_kv, d = k_cache.shape
+    rows = k_cache.view(num_blocks * page_size, h_kv, d)
+    if rank == 4:
+        rows = rows.as_strided((d // 64, num_blocks * page_size, h_kv, 64), (64, h_kv * d, d, 1))
+    return rows
+
+
+def kv_descriptor(k_cache: torch.Tensor, key: tuple, box: tuple[int, ...]) -> tma.TmaDescriptor:
+    """The TMA descriptor of the cache for `box` (3-D: token, head, 64 columns; 4-D: the 64-column
+    chunk outermost); `key` = (data_ptr, shape, dtype) identifies the cache."""
+    key = (*key, box)
     desc = _descriptors.get(key)
     if desc is None:
         if len(_descriptors) > 1024:  # callers with ever-new caches: keep the memo bounded
@@ -192,7 +211,7 @@ def kv_descriptor(k_cache: torch.Tensor, key: tuple, box: tuple[int, int, int]) 
         # A box row is 64 columns: 128 B of bf16 / fp16, 64 B of e4m3. The swizzle spans the row (the
         # kernels' shared memory layouts expect it) and L2 promotion is a row (see TmaSpec.l2_promotion).
         row_bytes = box[-1] * k_cache.element_size()
-        desc = _descriptors[key] = tma.tiled(k_cache.view(num_blocks * page_size, h_kv, d), box, swizzle=row_bytes,
+        desc = _descriptors[key] = tma.tiled(kv_tma_view(k_cache, len(box)), box, swizzle=row_bytes,
                                              l2_promotion=row_bytes)
     return desc
 

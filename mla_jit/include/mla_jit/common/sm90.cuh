@@ -139,6 +139,26 @@ __device__ __forceinline__ void tma_load_3d_multicast_hint(void* smem_dst, const
       : "memory");
 }
 
+// 4-D forms (coordinates innermost first), for a box that covers several column chunks of a tile.
+__device__ __forceinline__ void tma_load_4d_hint(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar, int32_t c0,
+                                                 int32_t c1, int32_t c2, int32_t c3, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_4d_multicast_hint(void* smem_dst, const TmaDescriptor* desc, uint64_t* bar,
+                                                           int32_t c0, int32_t c1, int32_t c2, int32_t c3,
+                                                           uint16_t cta_mask, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      ".L2::cache_hint [%0], [%1, {%4, %5, %6, %7}], [%2], %3, %8;" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_addr(bar)), "h"(cta_mask), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "l"(policy)
+      : "memory");
+}
+
 // ---- Thread block clusters ----
 __device__ __forceinline__ uint32_t cluster_cta_rank() {
   uint32_t rank;

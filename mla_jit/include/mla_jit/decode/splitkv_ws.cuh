@@ -95,6 +95,9 @@
 // both P V(n) (H200 trace: ~600 of the P V side's ~1360-clock loop). pv_done (this CTA's 8 P V
 // warps) then guards the P slot: WG0 waits pv_done of tile n - 2 before storing P(n), which also
 // covers tile n - 2's row_scale / info (read before the arrival; stage s's are rewritten at n + NS).
+// CHUNKS_PER_LOAD > 1 (e4m3, pages >= 64; MLA_JIT_SM90_FP8_TMA_BOX=tile, not yet measured): the
+// descriptor is 4-D (64 columns, head, token, chunk: runtimes/decode_plan.kv_tma_view), so one load
+// writes that many chunk slabs; 1 load a tile, or with a cluster 2-3 loads taken in turns.
 //
 // KV_FP8 (a bf16 / fp16 q over an e4m3 cache; out in q's dtype): the 16-bit kernel with 2 stages
 // and 2 e4m3 landing slots (LandingSlots, the same 221 KB at d = 576). The TMA loads tile n into
@@ -381,7 +384,7 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
           int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int CLUSTER_M_ = 1,
           bool KV_FP8_ = false, int SPARSE_KV_ = 0, bool COMPACT_ROWS_ = false, int S_FIRST_GROUP_K_ = 18,
-          typename RECORD_ = V32Record, bool EARLY_RELEASE_ = false>
+          typename RECORD_ = V32Record, bool EARLY_RELEASE_ = false, int CHUNKS_PER_LOAD_ = 1>
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_>;
   using Element = Element_;
@@ -443,6 +446,14 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // tile parity (aux) and whose end (pv_done) WG0 waits before reusing a P slot. See "Synchronization".
   static constexpr bool kEarlyRelease = EARLY_RELEASE_;
   static_assert(!kEarlyRelease || (kFp8 && SPARSE_KV_ == 0), "early stage release: the dense e4m3 kernel");
+  // Column chunks a TMA load covers: 1 (a 3-D box of 64 columns, kColChunks loads a tile), or more
+  // (e4m3, pages >= 64: a 4-D box whose outermost dimension is the chunk, so that one load writes
+  // the chunk-major slabs of that many chunks; the H200 trace gave the 9 issues of a d = 576 tile
+  // ~540 clocks of the P V side's chain). Cluster CTA r loads the groups g with g % CLUSTER_M == r.
+  static constexpr int kChunksPerLoad = CHUNKS_PER_LOAD_;
+  static_assert(kChunksPerLoad == 1 || (kFp8 && SPARSE_KV_ == 0 && PAGE_SIZE_ >= BLOCK_N_ &&
+                                        (HEAD_DIM_ / 64) % kChunksPerLoad == 0),
+                "a tile-wide box: e4m3, a page per tile, whole groups of chunks");
   static_assert(SPARSE_KV_ >= 0 && SPARSE_KV_ <= 2, "SPARSE_KV: 0 (dense paged), 1 (FP8 records), 2 (bf16 rows)");
   static_assert(!kSparse || (cute::is_same_v<Element, cutlass::bfloat16_t> && !KV_FP8_ && !FUSED_COMBINE_ &&
                              CLUSTER_M_ == 1 && (kSparseFp8 || PAGE_SIZE_ == 64)),
@@ -603,8 +614,22 @@ __device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, Lens seqlen
     if (Cfg::kFp8) WsPhaseTrace::mark(n - NS + 1, 8);
     note_valid();
     mbarrier_arrive_expect_tx(&ss.full[stage], Cfg::kTileBytes);
+    if constexpr (Cfg::kChunksPerLoad > 1) {
+      // (col, head, token, chunk): group j = chunks [j K, j K + K) in one load.
+      constexpr int K = Cfg::kChunksPerLoad;
 #pragma unroll
-    for (int c = 0; c < Cfg::kColChunks; ++c) load_chunk(c, dst + c * kChunkBytes, c * Cfg::kBoxCols, row);
+      for (int j = 0; j < Cfg::kColChunks / K; ++j) {
+        if constexpr (Cfg::CLUSTER_M == 1) {
+          tma_load_4d_hint(dst + j * K * kChunkBytes, tmap, &ss.full[stage], 0, g, row, j * K, kv_policy);
+        } else if (j % Cfg::CLUSTER_M == int(rank)) {
+          tma_load_4d_multicast_hint(dst + j * K * kChunkBytes, tmap, &ss.full[stage], 0, g, row, j * K,
+                                     uint16_t((1u << Cfg::CLUSTER_M) - 1), kv_policy);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int c = 0; c < Cfg::kColChunks; ++c) load_chunk(c, dst + c * kChunkBytes, c * Cfg::kBoxCols, row);
+    }
     if (Cfg::kFp8) WsPhaseTrace::mark(n - NS + 1, 9);
   } else {
     // Several pages per tile: load only pages that hold tokens < L (later block_table
