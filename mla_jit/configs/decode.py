@@ -29,9 +29,9 @@ FP8_STAGE_RELEASE_ENV = env.declare(
     "`after_pv` (once both P V warpgroups are done with the tile) or `early` (once S and the V^T "
     "transpositions have read it; P in slots of its own). `early` is not yet measured on a GPU.",
     choices=("after_pv", "early"), owner=__name__)
-FP8_TMA_BOX_ENV = env.declare(
-    "MLA_JIT_SM90_FP8_TMA_BOX", "chunk",
-    "TMA loads of a KV tile in the Hopper e4m3 decode kernel (pages >= 64): `chunk` (one per 64 columns) "
+TMA_BOX_ENV = env.declare(
+    "MLA_JIT_SM90_TMA_BOX", "chunk",
+    "TMA loads of a KV tile in the Hopper dense decode kernels (pages >= 64): `chunk` (one per 64 columns) "
     "or `tile` (one 4-D box over the tile's column chunks; with a cluster, one per group of them). `tile` "
     "is not yet measured on a GPU.",
     choices=("chunk", "tile"), owner=__name__)
@@ -204,8 +204,8 @@ class DecodeConfig:
     # e4m3 q and cache: a stage goes back to the TMA producer once S and the V^T transpositions have
     # read it, P in two slots of its own (splitkv_ws.cuh, kEarlyRelease); else after P V.
     early_release: bool = False
-    # Column chunks (64 columns) a TMA load covers: 1, or (e4m3, pages >= 64) a divisor of the tile's
-    # chunks (splitkv_ws.cuh, kChunksPerLoad).
+    # Column chunks (64 columns) a TMA load covers: 1, or (pages >= 64) a divisor of the tile's chunks
+    # (splitkv_ws.cuh, kChunksPerLoad).
     chunks_per_load: int = 1
 
     num_threads = 384   # a producer warpgroup, the S/softmax warpgroup, two P V warpgroups
@@ -220,7 +220,7 @@ class DecodeConfig:
         check_fields(self, schedule=SCHEDULES, cluster_m=(1, 2), dtype=tuple(STAGES), compact_rows=(False, True),
                      early_release=(False, True) if self.dtype == "e4m3" else (False,),
                      chunks_per_load=tuple(k for k in range(1, self.head_dim // 64 + 1) if (self.head_dim // 64) % k == 0)
-                     if self.dtype == "e4m3" and self.page_size >= BLOCK_N else (1,),
+                     if self.page_size >= BLOCK_N else (1,),
                      head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS), page_size=SUPPORTED_PAGE_SIZES,
                      block_m=(BLOCK_M,), block_n=(BLOCK_N,), num_stages=(stages_for(self.dtype, self.kv_dtype),))
         if self.compact_rows and self.cluster_m != 1:   # (at most 32 rows: one row tile)
@@ -293,21 +293,21 @@ def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, ar
                   rows: int | None = None, stage_release: str = "after_pv", tma_box: str = "chunk") -> DecodeConfig:
     """kv_dtype: the cache's dtype where it is not q's (`dtype`). rows: query rows a KV head (s_q x
     h_q / h_kv), where known: compact rows at most BLOCK_M / 2 (one row tile, half of it padding).
-    stage_release, tma_box: MLA_JIT_SM90_FP8_STAGE_RELEASE's and MLA_JIT_SM90_FP8_TMA_BOX's choices (the
-    e4m3 kernel only)."""
+    stage_release: MLA_JIT_SM90_FP8_STAGE_RELEASE's choice (the e4m3 kernel only); tma_box:
+    MLA_JIT_SM90_TMA_BOX's."""
     kv_dtype = None if kv_dtype == dtype else kv_dtype
     return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N,
                         num_stages=stages_for(dtype, kv_dtype), schedule=schedule, cluster_m=cluster_m,
                         kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2 and cluster_m == 1,
                         early_release=stage_release == "early" and dtype == "e4m3",
-                        chunks_per_load=_chunks_per_load(dtype, head_dim, page_size, cluster_m, tma_box))
+                        chunks_per_load=_chunks_per_load(head_dim, page_size, cluster_m, tma_box))
 
 
-def _chunks_per_load(dtype: str, head_dim: int, page_size: int, cluster_m: int, tma_box: str) -> int:
-    """A tile's column chunks in one TMA load ("tile": e4m3 with a page per tile), or in one load per
+def _chunks_per_load(head_dim: int, page_size: int, cluster_m: int, tma_box: str) -> int:
+    """A tile's column chunks in one TMA load ("tile", with a page per tile), or in one load per
     cluster CTA and group (2 groups of 4 at d = 512, 3 of 3 at d = 576, taken in turns); else 1."""
     chunks = head_dim // 64
-    if tma_box != "tile" or dtype != "e4m3" or page_size < BLOCK_N:
+    if tma_box != "tile" or page_size < BLOCK_N:
         return 1
     if cluster_m == 1:
         return chunks

@@ -4,7 +4,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Iterable
 
-from ..configs.decode import (BLOCK_M, CLUSTER_ENV, FP8_STAGE_RELEASE_ENV, FP8_TMA_BOX_ENV, SCHEDULE_ENV, SCHEDULES, SPARSE_KV, SUPPORTED_HEAD_DIMS,
+from ..configs.decode import (BLOCK_M, CLUSTER_ENV, FP8_STAGE_RELEASE_ENV, TMA_BOX_ENV, SCHEDULE_ENV, SCHEDULES, SPARSE_KV, SUPPORTED_HEAD_DIMS,
                               DecodeConfig, MetadataConfig, Sm80DecodeConfig, cluster_m_for, decode_config,
                               metadata_config, out_dtype_of, sm80_decode_config)
 from ..configs.sparse import BF16_ROWS, FP8_RECORDS, PREFILL_HEAD_DIMS, SparseWsConfig, family_of, sparse_config
@@ -96,10 +96,10 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
         # Clustered kernels where a preset's row tiles (s_q 1 to 4) share KV; the unclustered one too
         # (a GPU that cannot keep every cluster resident falls back to it).
         cluster = env.choice(CLUSTER_ENV.name)
-        fp8_choices = env.choice(FP8_STAGE_RELEASE_ENV.name), env.choice(FP8_TMA_BOX_ENV.name)
+        kernel_choices = env.choice(FP8_STAGE_RELEASE_ENV.name), env.choice(TMA_BOX_ENV.name)
         # Compact rows where a preset's s_q 1 .. 4 has at most 32 rows a KV head.
         configs = (decode_config(dtype, p.head_dim, p.head_dim_v, p.page_size, arch, schedule, cluster_m, kv_dtype,
-                                 rows, *fp8_choices)
+                                 rows, *kernel_choices)
                    for dtype, kv_dtype in _PREWARM_DTYPES
                    for p in _preset_shapes(presets) for schedule in schedules
                    for cluster_m in _cluster_sizes(p, cluster)

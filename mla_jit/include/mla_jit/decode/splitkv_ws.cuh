@@ -95,9 +95,10 @@
 // both P V(n) (H200 trace: ~600 of the P V side's ~1360-clock loop). pv_done (this CTA's 8 P V
 // warps) then guards the P slot: WG0 waits pv_done of tile n - 2 before storing P(n), which also
 // covers tile n - 2's row_scale / info (read before the arrival; stage s's are rewritten at n + NS).
-// CHUNKS_PER_LOAD > 1 (e4m3, pages >= 64; MLA_JIT_SM90_FP8_TMA_BOX=tile, not yet measured): the
-// descriptor is 4-D (64 columns, head, token, chunk: runtimes/decode_plan.kv_tma_view), so one load
-// writes that many chunk slabs; 1 load a tile, or with a cluster 2-3 loads taken in turns.
+// CHUNKS_PER_LOAD > 1 (any dense kernel, pages >= 64; MLA_JIT_SM90_TMA_BOX=tile, not yet measured):
+// the descriptor is 4-D (64 columns, head, token, chunk: runtimes/decode_plan.kv_tma_view), so one
+// load writes that many chunk slabs (of a stage, or of a KV_FP8 landing slot); 1 load a tile, or with
+// a cluster 2-3 loads taken in turns.
 //
 // KV_FP8 (a bf16 / fp16 q over an e4m3 cache; out in q's dtype): the 16-bit kernel with 2 stages
 // and 2 e4m3 landing slots (LandingSlots, the same 221 KB at d = 576). The TMA loads tile n into
@@ -447,13 +448,13 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   static constexpr bool kEarlyRelease = EARLY_RELEASE_;
   static_assert(!kEarlyRelease || (kFp8 && SPARSE_KV_ == 0), "early stage release: the dense e4m3 kernel");
   // Column chunks a TMA load covers: 1 (a 3-D box of 64 columns, kColChunks loads a tile), or more
-  // (e4m3, pages >= 64: a 4-D box whose outermost dimension is the chunk, so that one load writes
-  // the chunk-major slabs of that many chunks; the H200 trace gave the 9 issues of a d = 576 tile
+  // (pages >= 64: a 4-D box whose outermost dimension is the chunk, so that one load writes the
+  // chunk-major slabs of that many chunks; the H200 trace gave the 9 issues of an e4m3 d = 576 tile
   // ~540 clocks of the P V side's chain). Cluster CTA r loads the groups g with g % CLUSTER_M == r.
   static constexpr int kChunksPerLoad = CHUNKS_PER_LOAD_;
-  static_assert(kChunksPerLoad == 1 || (kFp8 && SPARSE_KV_ == 0 && PAGE_SIZE_ >= BLOCK_N_ &&
+  static_assert(kChunksPerLoad == 1 || (SPARSE_KV_ == 0 && PAGE_SIZE_ >= BLOCK_N_ &&
                                         (HEAD_DIM_ / 64) % kChunksPerLoad == 0),
-                "a tile-wide box: e4m3, a page per tile, whole groups of chunks");
+                "a tile-wide box: the dense decode, a page per tile, whole groups of chunks");
   static_assert(SPARSE_KV_ >= 0 && SPARSE_KV_ <= 2, "SPARSE_KV: 0 (dense paged), 1 (FP8 records), 2 (bf16 rows)");
   static_assert(!kSparse || (cute::is_same_v<Element, cutlass::bfloat16_t> && !KV_FP8_ && !FUSED_COMBINE_ &&
                              CLUSTER_M_ == 1 && (kSparseFp8 || PAGE_SIZE_ == 64)),
