@@ -30,7 +30,7 @@
 //        At the last tile of a piece P and the rescale are multiplied by 1/l, so O comes out
 //        normalized. P(n) is published only once most of S(n+1) is done (kSFirstGroupK), so S
 //        has the tensor cores nearly to itself and P V(n) runs during the end of S(n+1) and the
-//        softmax of n+1. WG0 never waits for P V.
+//        softmax of n+1. WG0 never waits for P V (EARLY_RELEASE: for P V(n - 2), see below).
 //   WG1, WG2 (P V): each owns half of O (64 x DV/2 fp32 in registers).
 //        wait p_full[s] -> O *= rescale (skipped where it is 1) -> O += P V[:, half] (SS wgmma,
 //        V = the K tile read through a transposed view; scale-d = 0 on a piece's first tile)
@@ -59,11 +59,14 @@
 //              (CUTLASS's ClusterBarrier does the same; .release.cluster costs a MEMBAR.ALL.GPU
 //              per arrive): what it orders before the peer's TMA overwrite are reads (P V's
 //              wgmma, retired by wgmma.wait) and WG0's P / tail-zero stores, which that wgmma
-//              already read.
+//              already read. (EARLY_RELEASE: count 8, this CTA's warps; WG0 waits it for the P slot,
+//              and the producer waits stage_free[s] instead, see the e4m3 notes below.)
 //   Stage s's P, row_scale[s], info[s] (and its K/V rows, which WG0 zeroes for a tail tile) are
 //   rewritten only by WG0 for tile n+NS, after it waited full[s] of n+NS, which the producer
 //   issued after pv_done[s] of n: the chain full <- pv_done protects every per-stage slot, so WG0
-//   needs no "P consumed" barrier and never waits for the P V warpgroups.
+//   needs no "P consumed" barrier and never waits for the P V warpgroups. (EARLY_RELEASE: full <-
+//   stage_free protects the stage and tile_valid[s]; pv_done(n - 2) -> WG0 the P slot, row_scale and
+//   info.)
 //   Named barrier 1 (WG0, 128 threads): piece start (Q's smem part rewritten only after every
 //   warp's previous S wgmma, and published before the next S), tail zeroing -> S, and S(n) of all
 //   four warps done -> P(n) stored over the rope columns that S(n) reads (d = 576).
@@ -178,7 +181,7 @@ struct WsCursor {
 // 5 tile n + 1 de-quantized (FP8 records); e4m3: 4 before the wait for tile n, 5 its V^T written
 // (both warpgroups' halves: barrier); both: 6 P(n) arrived, 7 P V(n) and the work beside it done.
 // e4m3, the TMA producer (thread 128) at the refill its loop's tile n issues (tile n - 1 + NS):
-// 8 the stage released (pv_done of tile n - 1 waited), 9 the tile's loads issued.
+// 8 the stage released (pv_done of tile n - 1 waited; EARLY_RELEASE: stage_free), 9 the tile's loads issued.
 struct WsPhaseTrace {
   static constexpr int kFirstTile = 8, kTiles = 8;
   __device__ __forceinline__ static void mark(int n, int event) {
