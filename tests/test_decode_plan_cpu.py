@@ -130,6 +130,9 @@ def test_kv_descriptor_promotes_l2_fills_to_one_box_row(monkeypatch):
     fp8_cache = torch.zeros(3, 16, 1, 512, dtype=torch.float8_e4m3fn)
     runtime.kv_descriptor(fp8_cache, ("test", fp8_cache.data_ptr(), fp8_cache.dtype), (16, 1, 64))
     assert seen[1:] == [((3 * 16, 1, 512), (16, 1, 64), 64, 64)]
+    # The tile-wide box (MLA_JIT_SM90_TMA_BOX=tile): the chunk-outermost view, its own memo entry.
+    runtime.kv_descriptor(k_cache, ("test", k_cache.data_ptr(), (9, 64, 1, 64)), (9, 64, 1, 64))
+    assert seen[2:] == [((9, 3 * 64, 1, 64), (9, 64, 1, 64), 128, 128)]
     assert tma.TmaSpec(torch.bfloat16, (64, 64), (64,), (64, 8)).l2_promotion == 128
 
 

@@ -219,8 +219,7 @@ class DecodeConfig:
                                        f"{self.kv_dtype!r} with dtype {self.dtype!r}")
         check_fields(self, schedule=SCHEDULES, cluster_m=(1, 2), dtype=tuple(STAGES), compact_rows=(False, True),
                      early_release=(False, True) if self.dtype == "e4m3" else (False,),
-                     chunks_per_load=tuple(k for k in range(1, self.head_dim // 64 + 1) if (self.head_dim // 64) % k == 0)
-                     if self.page_size >= BLOCK_N else (1,),
+                     chunks_per_load=_chunk_groups(self.head_dim) if self.page_size >= BLOCK_N else (1,),
                      head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS), page_size=SUPPORTED_PAGE_SIZES,
                      block_m=(BLOCK_M,), block_n=(BLOCK_N,), num_stages=(stages_for(self.dtype, self.kv_dtype),))
         if self.compact_rows and self.cluster_m != 1:   # (at most 32 rows: one row tile)
@@ -301,6 +300,12 @@ def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, ar
                         kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2 and cluster_m == 1,
                         early_release=stage_release == "early" and dtype == "e4m3",
                         chunks_per_load=_chunks_per_load(head_dim, page_size, cluster_m, tma_box))
+
+
+def _chunk_groups(head_dim: int) -> tuple[int, ...]:
+    """Chunks a TMA load may cover at head_dim: the divisors of the tile's 64-column chunks."""
+    chunks = head_dim // 64
+    return tuple(k for k in range(1, chunks + 1) if chunks % k == 0)
 
 
 def _chunks_per_load(head_dim: int, page_size: int, cluster_m: int, tma_box: str) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Iterable
 
-from ..configs.decode import (BLOCK_M, CLUSTER_ENV, FP8_STAGE_RELEASE_ENV, TMA_BOX_ENV, SCHEDULE_ENV, SCHEDULES, SPARSE_KV, SUPPORTED_HEAD_DIMS,
+from ..configs.decode import (BLOCK_M, CLUSTER_ENV, FP8_STAGE_RELEASE_ENV, SCHEDULE_ENV, SCHEDULES, SPARSE_KV,
+                              SUPPORTED_HEAD_DIMS, TMA_BOX_ENV,
                               DecodeConfig, MetadataConfig, Sm80DecodeConfig, cluster_m_for, decode_config,
                               metadata_config, out_dtype_of, sm80_decode_config)
 from ..configs.sparse import BF16_ROWS, FP8_RECORDS, PREFILL_HEAD_DIMS, SparseWsConfig, family_of, sparse_config

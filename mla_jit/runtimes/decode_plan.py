@@ -201,13 +201,11 @@ def kv_tma_view(k_cache: torch.Tensor, rank: int) -> torch.Tensor:
 
 def kv_descriptor(k_cache: torch.Tensor, key: tuple, box: tuple[int, ...]) -> tma.TmaDescriptor:
     """The TMA descriptor of the cache for `box` (3-D: token, head, 64 columns; 4-D: the 64-column
-    chunk outermost); `key` = (data_ptr, shape, dtype) identifies the cache."""
-    key = (*key, box)
+    chunk outermost); `key` = (data_ptr, shape, dtype, box) identifies it."""
     desc = _descriptors.get(key)
     if desc is None:
         if len(_descriptors) > 1024:  # callers with ever-new caches: keep the memo bounded
             _descriptors.clear()
-        num_blocks, page_size, h_kv, d = k_cache.shape
         # A box row is 64 columns: 128 B of bf16 / fp16, 64 B of e4m3. The swizzle spans the row (the
         # kernels' shared memory layouts expect it) and L2 promotion is a row (see TmaSpec.l2_promotion).
         row_bytes = box[-1] * k_cache.element_size()
@@ -282,7 +280,8 @@ class DecodePlan:
             scale, scale * _LOG2E, 1 if causal and self.s_q > 1 else 0, 1, counters_ptr,
             self.unit_ptr if descale_q is None else descale_q.data_ptr(),
             self.unit_ptr if descale_k is None else descale_k.data_ptr(), 0, 0, 0, 0, 0, 0)
-        kv = k_ptr if self.box is None else kv_descriptor(k_cache, (k_ptr, self.kv_shape, self.kv_dtype), self.box)
+        box = self.box
+        kv = k_ptr if box is None else kv_descriptor(k_cache, (k_ptr, self.kv_shape, self.kv_dtype, box), box)
         self.splitkv(stream, params, kv)
         if self.combine is not None:
             self.combine(stream, params)
