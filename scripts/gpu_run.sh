@@ -35,6 +35,14 @@ for schedule in ws ws_unfused; do
   done
 done
 python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache "${configs[@]}" 2>&1 | tail -n 3
+# PREWARM_CANDIDATES=1: the presets' kernels of the variants not yet on by default (bench/NOTES.md,
+# session 34), for their tests and A/B runs.
+if [ -n "${PREWARM_CANDIDATES:-}" ]; then
+  for variant in "MLA_JIT_SM90_FP8_STAGE_RELEASE=early" "MLA_JIT_SM90_TMA_BOX=tile" \
+                 "MLA_JIT_SM90_FP8_STAGE_RELEASE=early MLA_JIT_SM90_TMA_BOX=tile"; do
+    env $variant python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache 2>&1 | tail -n 1
+  done
+fi
 # The Ampere/Ada family, as the tests force it on this GPU (tuning@target); the sparse decode's kernels.
 python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache --arch sm_80@sm_90a --arch sm_89@sm_90a \
   2>&1 | tail -n 1
