@@ -24,7 +24,7 @@ import torch  # noqa: E402
 import mla_jit  # noqa: E402
 from bench_decode import DV, make_inputs  # noqa: E402
 from trace_decode import _read, _tables, traced_calls  # noqa: E402
-from mla_jit.configs.decode import sm80_decode_config  # noqa: E402
+from mla_jit.configs.decode_sm80 import sm80_decode_config  # noqa: E402
 from mla_jit.jit.arch import parse_arch  # noqa: E402
 
 PHASES = ("tail", "barA", "S", "exch", "max+B", "smax+C", "PV")

@@ -4,6 +4,29 @@ import math
 import torch
 
 
+def _batch_scores(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal):
+    """Per batch i with keys: (i, scores (h_q, s_q, L) with invisible keys -inf, v (L, h_q, dv)), in
+    float32. Only the first ceil(L / page) block_table entries and tokens < L are read."""
+    b, s_q, h_q, d = q.shape
+    _, page, h_kv, d_k = k_cache.shape
+    assert d_k == d and h_q % h_kv == 0
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    qpk = h_q // h_kv
+    for i, L in enumerate(int(x) for x in cache_seqlens.tolist()):
+        if L <= 0:
+            continue
+        nblk = (L + page - 1) // page
+        blocks = block_table[i, :nblk].long()
+        kv = k_cache[blocks].reshape(nblk * page, h_kv, d)[:L].float()  # (L, h_kv, d)
+        k = kv.repeat_interleave(qpk, dim=1)  # (L, h_q, d): head h uses kv head h // qpk
+        scores = torch.einsum("shd,lhd->hsl", q[i].float(), k) * scale  # (h_q, s_q, L)
+        if causal:
+            key = torch.arange(L, device=q.device).view(1, L)
+            lim = (L - s_q + torch.arange(s_q, device=q.device)).view(s_q, 1)  # query s sees keys <= L - s_q + s
+            scores = scores.masked_fill((key > lim).unsqueeze(0), -math.inf)
+        yield i, scores, k[..., :head_dim_v]
+
+
 def mla_decode_reference(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale=None, causal=False):
     """q (b, s_q, h_q, d); k_cache (num_blocks, page, h_kv, d); V = k_cache[..., :head_dim_v].
 
@@ -11,29 +34,10 @@ def mla_decode_reference(q, k_cache, block_table, cache_seqlens, head_dim_v, sof
     garbage table entries beyond the sequence never matter. Rows that see no key (L == 0, or causal
     with s_q > L) give out = 0 and lse = +inf. Causal is bottom-right aligned.
     """
-    b, s_q, h_q, d = q.shape
-    _, page, h_kv, d_k = k_cache.shape
-    assert d_k == d and h_q % h_kv == 0
-    dv = head_dim_v
-    scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    qpk = h_q // h_kv
-    lens = [int(x) for x in cache_seqlens.tolist()]
-    out = torch.zeros(b, s_q, h_q, dv, dtype=torch.float32, device=q.device)
+    b, s_q, h_q, _ = q.shape
+    out = torch.zeros(b, s_q, h_q, head_dim_v, dtype=torch.float32, device=q.device)
     lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float32, device=q.device)
-    for i in range(b):
-        L = lens[i]
-        if L <= 0:
-            continue
-        nblk = (L + page - 1) // page
-        blocks = block_table[i, :nblk].long()
-        kv = k_cache[blocks].reshape(nblk * page, h_kv, d)[:L].float()  # (L, h_kv, d)
-        k = kv.repeat_interleave(qpk, dim=1)  # (L, h_q, d): head h uses kv head h // qpk
-        v = k[..., :dv]
-        scores = torch.einsum("shd,lhd->hsl", q[i].float(), k) * scale  # (h_q, s_q, L)
-        if causal:
-            key = torch.arange(L, device=q.device).view(1, L)
-            lim = (L - s_q + torch.arange(s_q, device=q.device)).view(s_q, 1)  # query s sees keys <= L - s_q + s
-            scores = scores.masked_fill((key > lim).unsqueeze(0), -math.inf)
+    for i, scores, v in _batch_scores(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal):
         row_lse = torch.logsumexp(scores, dim=-1)  # (h_q, s_q); -inf for rows without keys
         seen = torch.isfinite(row_lse)
         p = torch.exp(scores - torch.where(seen, row_lse, torch.zeros_like(row_lse)).unsqueeze(-1))
@@ -54,24 +58,11 @@ def fp8_p_error_terms(q, k_cache, block_table, cache_seqlens, head_dim_v, small=
       so its subnormal P_j (below 2^-6: absolute rounding 2^-10) are among these keys, and 2^-10 times
       this bounds their part of the normalized error.
     Rows that see no key give 0. Same masking and paging as mla_decode_reference."""
-    b, s_q, h_q, d = q.shape
-    _, page, h_kv, _ = k_cache.shape
-    scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    qpk = h_q // h_kv
+    b, s_q, h_q, _ = q.shape
     weighted = torch.zeros(b, s_q, h_q, head_dim_v, dtype=torch.float32, device=q.device)
     small_part = torch.zeros_like(weighted)
-    for i, L in enumerate(int(x) for x in cache_seqlens.tolist()):
-        if L <= 0:
-            continue
-        nblk = (L + page - 1) // page
-        kv = k_cache[block_table[i, :nblk].long()].reshape(nblk * page, h_kv, d)[:L].float()
-        k = kv.repeat_interleave(qpk, dim=1)
-        v_abs = k[..., :head_dim_v].abs()
-        scores = torch.einsum("shd,lhd->hsl", q[i].float(), k) * scale
-        if causal:
-            key = torch.arange(L, device=q.device).view(1, L)
-            lim = (L - s_q + torch.arange(s_q, device=q.device)).view(s_q, 1)
-            scores = scores.masked_fill((key > lim).unsqueeze(0), -math.inf)
+    for i, scores, v in _batch_scores(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal):
+        v_abs = v.abs()
         row_max = scores.amax(-1, keepdim=True)
         seen = torch.isfinite(row_max)
         e = torch.where(seen, torch.exp(scores - torch.where(seen, row_max, torch.zeros_like(row_max))),

@@ -241,7 +241,7 @@ def test_sm80_family_compiles_without_spills_with_hmma_and_cp_async(arch_name, r
     """tuning[@target]: sm_80@sm_90a is the family as the GPU tests run it on a Hopper GPU. e4m3 (q and
     cache): fp16 MMAs, the cache converted by bit arithmetic (sm_80) or by the cvt (sm_89: F2FP)."""
 
-    from mla_jit.configs.decode import sm80_decode_config
+    from mla_jit.configs.decode_sm80 import sm80_decode_config
     from mla_jit.jit.arch import ArchPair, parse_arch
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
     tuning, _, target = arch_name.partition("@")
@@ -308,7 +308,7 @@ def test_sm80_smem_limit_is_enforced_at_compile_time(cache_root):
     import dataclasses
 
     import mla_jit
-    from mla_jit.configs.decode import sm80_decode_config
+    from mla_jit.configs.decode_sm80 import sm80_decode_config
     from mla_jit.jit.arch import resolve_for_build
     arch = resolve_for_build("sm_89")
     family = registry.get("mla_decode_sm80")
@@ -323,8 +323,9 @@ def test_sm80_residency_model_matches_header(cache_root):
     headers (static_asserts, front end only) and the plan per GPU."""
     import itertools
 
-    from mla_jit.configs.decode import (COMBINE_ROWS_PER_CTA, COMBINE_THREADS, _sm80_min_blocks, _sm80_tiles,
-                                        ctas_per_sm_for, sm80_decode_config, sm80_resident_ctas)
+    from mla_jit.configs.decode import COMBINE_ROWS_PER_CTA, COMBINE_THREADS
+    from mla_jit.configs.decode_sm80 import (_sm80_min_blocks, _sm80_tiles, ctas_per_sm_for, sm80_decode_config,
+                                             sm80_resident_ctas)
     from mla_jit.jit.arch import parse_arch, resolve_for_build
     from mla_jit.jit.build import KernelSource
     checks = []

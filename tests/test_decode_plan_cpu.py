@@ -151,7 +151,7 @@ def test_fp8_cache_below_hopper_plans_the_mma_sync_e4m3_kernel(tuning, h_q, monk
     per CTA), with the cache as a plain pointer and a 1.0 descale for the missing one."""
     import torch
 
-    from mla_jit.configs.decode import block_m_for
+    from mla_jit.configs.decode_sm80 import block_m_for
     from mla_jit.jit.arch import parse_arch
     from mla_jit.runtimes import decode_plan as runtime
     calls = _stub_decode_families(monkeypatch, tuning)

@@ -3,7 +3,7 @@ compile check of the kernel for Hopper and Ada."""
 import pytest
 import torch
 
-from mla_jit.configs.decode import Sm80DecodeConfig
+from mla_jit.configs.decode_sm80 import Sm80DecodeConfig
 from mla_jit.configs.sparse import ctas_per_sm, num_sm_parts, sparse_decode_config
 from mla_jit.errors import FeatureNotAvailableError, InvalidArgumentError
 from mla_jit.jit.arch import ArchPair, parse_arch

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ..jit.arch import Arch
 from ..errors import InvalidArgumentError
-from .decode import SPARSE_KV, SUPPORTED_PAGE_SIZES, Sm80DecodeConfig, _sm80_smem_bytes, sm80_resident_ctas
+from .decode import SPARSE_KV, SUPPORTED_PAGE_SIZES
+from .decode_sm80 import Sm80DecodeConfig, _sm80_smem_bytes, sm80_resident_ctas
 from .fields import check_fields
 
 # FlashMLA's V3.2 FP8 record of a token: 512 e4m3 values, 4 float32 scales (one per 128 values),

@@ -6,8 +6,9 @@ from typing import Any, Iterable
 
 from ..configs.decode import (BLOCK_M, CLUSTER_ENV, FP8_STAGE_RELEASE_ENV, SCHEDULE_ENV, SCHEDULES, SPARSE_KV,
                               SUPPORTED_HEAD_DIMS, TMA_BOX_ENV,
-                              DecodeConfig, MetadataConfig, Sm80DecodeConfig, cluster_m_for, decode_config,
-                              metadata_config, out_dtype_of, sm80_decode_config)
+                              DecodeConfig, MetadataConfig, cluster_m_for, decode_config, metadata_config,
+                              out_dtype_of)
+from ..configs.decode_sm80 import Sm80DecodeConfig, sm80_decode_config
 from ..configs.sparse import BF16_ROWS, FP8_RECORDS, PREFILL_HEAD_DIMS, SparseWsConfig, family_of, sparse_config
 from ..dtypes import cpp_type
 from ..jit import env

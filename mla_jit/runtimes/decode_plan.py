@@ -12,10 +12,9 @@ import logging
 import torch
 
 from ..configs.decode import (BLOCK_M, CLUSTER_ENV, COMBINE_ROWS_PER_CTA, COMBINE_THREADS, FP8_STAGE_RELEASE_ENV,
-                              TMA_BOX_ENV, SCHEDULE_ENV,
-                              accum_rows, block_m_for, cluster_m_for, ctas_per_sm_for, decode_config,
-                              fused_combine_pays, metadata_config, num_sm_parts, out_dtype_of,
-                              sm80_decode_config)
+                              SCHEDULE_ENV, TMA_BOX_ENV, accum_rows, cluster_m_for, decode_config,
+                              fused_combine_pays, metadata_config, num_sm_parts, out_dtype_of)
+from ..configs.decode_sm80 import block_m_for, ctas_per_sm_for, sm80_decode_config
 from ..dtypes import name_of, torch_dtype
 from ..errors import KernelNotWarmError
 from ..jit import env, tma

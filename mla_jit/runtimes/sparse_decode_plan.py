@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..configs.decode import COMBINE_ROWS_PER_CTA, COMBINE_THREADS, Sm80DecodeConfig, accum_rows, metadata_config
+from ..configs.decode import COMBINE_ROWS_PER_CTA, COMBINE_THREADS, accum_rows, metadata_config
+from ..configs.decode_sm80 import Sm80DecodeConfig
 from ..configs.sparse import (FP8_RECORDS, HEAD_DIM, HEAD_DIM_V, ctas_per_sm, family_of, num_sm_parts,
                               SparseWsConfig, sparse_config)
 from ..jit.arch import ArchPair, resolve_for_device

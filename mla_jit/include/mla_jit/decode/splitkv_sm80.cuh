@@ -9,7 +9,7 @@
 //
 // Grid (num_sm_parts, h_kv, ceil(rows / BLOCK_M)), block NUM_WARPS * 32 threads, dynamic smem
 // Cfg::kSmemBytes; __launch_bounds__(NUM_THREADS, Cfg::kMinBlocksPerSm) keeps the registers of
-// kMinBlocksPerSm CTAs within one SM (configs/decode.py ctas_per_sm_for mirrors this and the
+// kMinBlocksPerSm CTAs within one SM (configs/decode_sm80.py ctas_per_sm_for mirrors this and the
 // shared memory map below). The K cache is read through a plain pointer:
 // k_cache is (num_blocks, PAGE_SIZE, h_kv, HEAD_DIM) contiguous; V = its first HEAD_DIM_V columns.
 //
@@ -83,7 +83,7 @@ namespace mla_jit {
 namespace decode {
 
 // SMEM_LIMIT: the largest dynamic shared memory one block of the tuning arch may opt in to
-// (sm_80 163 KB, sm_86 / sm_89 99 KB; configs/decode.py picks the tiles to fit it).
+// (sm_80 163 KB, sm_86 / sm_89 99 KB; configs/decode_sm80.py picks the tiles to fit it).
 // SPARSE_KV: 0 the dense paged decode; else the sparse (DSA) attention over gathered tokens, whose
 // rows are 1: FlashMLA's 656-byte FP8 records (paged; see "Sparse decode" below), 2: bf16 rows of
 // HEAD_DIM values (flash_mla_sparse_fwd's kv (s_kv, 1, d_qk); kv_block_stride = the row stride).
