@@ -35,14 +35,6 @@ for schedule in ws ws_unfused; do
   done
 done
 python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache "${configs[@]}" 2>&1 | tail -n 3
-# PREWARM_CANDIDATES=1: the presets' kernels of the variants not yet on by default (bench/NOTES.md,
-# session 34), for their tests and A/B runs.
-if [ -n "${PREWARM_CANDIDATES:-}" ]; then
-  for variant in "MLA_JIT_SM90_FP8_STAGE_RELEASE=early" "MLA_JIT_SM90_TMA_BOX=tile" \
-                 "MLA_JIT_SM90_FP8_STAGE_RELEASE=early MLA_JIT_SM90_TMA_BOX=tile"; do
-    env $variant python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache 2>&1 | tail -n 1
-  done
-fi
 # The Ampere/Ada family, as the tests force it on this GPU (tuning@target); the sparse decode's kernels.
 python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache --arch sm_80@sm_90a --arch sm_89@sm_90a \
   2>&1 | tail -n 1
@@ -137,7 +129,7 @@ fi
 if [ -f bench/bench_decode.py ] && [ -z "${SKIP_FP8_DECODE_BENCH:-}" ]; then
   # FP8 decode (e4m3 q and cache) against our bf16 decode, interleaved call by call: the anchor rows
   # and s_q 1-16 (bench_decode.py --fp8; summarized from fp8_decode.json).
-  # FP8_AGAINST_ENV=NAME=VALUE (e.g. MLA_JIT_SM90_FP8_STAGE_RELEASE=early): that kernel as the contender
+  # FP8_AGAINST_ENV=NAME=VALUE (e.g. MLA_JIT_SM90_CLUSTER=1): that kernel as the contender
   # instead of the previous package's.
   if [ -n "${FP8_AGAINST_ENV:-}" ]; then fp8_against=(--against-env "$FP8_AGAINST_ENV")
   else fp8_against=(${BENCH_AGAINST_PACKAGE:+--against-package "$BENCH_AGAINST_PACKAGE"}); fi

@@ -33,7 +33,8 @@ def test_every_supported_config_renders():
             assert f"SplitKVWsConfig<cutlass::{'bfloat16_t' if dtype == 'bf16' else 'half_t'}, {d}, {dv}," in src.source
             # 3 stages, or 2 (and 2 landing slots) over an e4m3 cache
             assert f"{page}, 64, 64, {2 if kv else 3}, {tail}, {'true' if kv else 'false'},\n" in src.source
-            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false," in src.source and "/*CHUNKS_PER_LOAD=*/1>" in src.source
+            chunks = d // 64 if page >= 64 else 1   # a page per tile: one TMA load a tile
+            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false," in src.source and f"/*CHUNKS_PER_LOAD=*/{chunks}>" in src.source
             # The fused-combine kernel ships without the combine kernel.
             assert ("mla_jit_decode_combine(" in src.source) == combine
             assert family.entry_points(cfg)[1:] == (("mla_jit_decode_combine",) if combine else ())
@@ -44,7 +45,7 @@ def test_every_supported_config_renders():
     assert not decode_config("e4m3", 576, 512, 64, SM90.tuning, rows=33).compact_rows
     assert not decode_config("e4m3", 576, 512, 64, SM90.tuning).compact_rows
     src = family.source(decode_config("bf16", 576, 512, 64, SM90.tuning, rows=16), SM90).source
-    assert "/*COMPACT_ROWS=*/true," in src and "compact rows." in src
+    assert "/*COMPACT_ROWS=*/true," in src and " compact rows 9 chunks a TMA load." in src
     assert decode_config("bf16", 576, 512, 64, SM90.tuning).schedule == "ws"  # the default
     assert decode_config("bf16", 576, 512, 64, SM90.tuning, kv_dtype="bf16").kv_dtype is None  # q's own: None
     clustered = decode_config("bf16", 576, 512, 64, SM90.tuning, "ws", 2)
@@ -200,8 +201,9 @@ def test_fp8_decode_kernels_compile_without_spills(d, page, schedule, cluster_m,
 
 
 def test_tile_wide_tma_box_view_and_config():
-    """MLA_JIT_SM90_TMA_BOX=tile: the 4-D view's element (chunk c, token t, head h, x) is the cache's
-    (t, h, 64 c + x), and the config takes the tile's chunks in one load (one per cluster CTA group)."""
+    """Pages >= 64: the 4-D view's element (chunk c, token t, head h, x) is the cache's (t, h, 64 c + x),
+    and the config takes the tile's chunks in one load (one per cluster CTA group); smaller pages a load
+    a chunk."""
     import torch
 
     from mla_jit.runtimes.decode_plan import kv_tma_view
@@ -211,24 +213,21 @@ def test_tile_wide_tma_box_view_and_config():
     c, t, h, x = 7, 100, 1, 33
     assert view4[c, t, h, x] == k.view(192, 2, 576)[t, h, 64 * c + x]
     assert torch.equal(view4.permute(1, 2, 0, 3).reshape(192, 2, 576), k.view(192, 2, 576))
-    assert decode_config("e4m3", 576, 512, 64, SM90.tuning, tma_box="tile").chunks_per_load == 9
-    assert decode_config("e4m3", 576, 512, 64, SM90.tuning, "ws", 2, tma_box="tile").chunks_per_load == 3
-    assert decode_config("e4m3", 512, 512, 128, SM90.tuning, "ws", 2, tma_box="tile").chunks_per_load == 4
-    assert decode_config("e4m3", 576, 512, 32, SM90.tuning, tma_box="tile").chunks_per_load == 1  # 2 pages a tile
-    assert decode_config("bf16", 576, 512, 64, SM90.tuning, tma_box="tile").chunks_per_load == 9
-    assert decode_config("e4m3", 576, 512, 64, SM90.tuning).chunks_per_load == 1   # the default
+    assert decode_config("e4m3", 576, 512, 64, SM90.tuning).chunks_per_load == 9
+    assert decode_config("e4m3", 576, 512, 64, SM90.tuning, "ws", 2).chunks_per_load == 3
+    assert decode_config("e4m3", 512, 512, 128, SM90.tuning, "ws", 2).chunks_per_load == 4
+    assert decode_config("e4m3", 576, 512, 32, SM90.tuning).chunks_per_load == 1  # 2 pages a tile
+    assert decode_config("bf16", 576, 512, 256, SM90.tuning).chunks_per_load == 9
+    assert decode_config("bf16", 576, 512, 16, SM90.tuning, kv_dtype="e4m3").chunks_per_load == 1
 
 
 @pytest.mark.slow
-def test_fp8_early_release_kernel_compiles_without_spills(cache_root, monkeypatch):
-    """The e4m3 kernel with the early stage release (MLA_JIT_SM90_FP8_STAGE_RELEASE=early) and a TMA
-    load a group of chunks (MLA_JIT_SM90_TMA_BOX=tile), clustered:
-    not yet the default (bench/NOTES.md, session 34); it must keep compiling clean."""
+def test_fp8_clustered_tile_box_kernel_compiles_without_spills(cache_root, monkeypatch):
+    """The e4m3 kernel (early stage release) with a TMA load a group of 3 chunks, clustered."""
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
-    cfg = decode_config("e4m3", 576, 512, 64, SM90.tuning, "ws_unfused", 2, stage_release="early", tma_box="tile")
-    assert cfg.early_release and cfg.chunks_per_load == 3
-    assert "/*EARLY_RELEASE=*/true, /*CHUNKS_PER_LOAD=*/3>" in registry.get("mla_decode_sm90").source(cfg, SM90).source
-    assert not decode_config("bf16", 576, 512, 64, SM90.tuning, stage_release="early").early_release  # e4m3 only
+    cfg = decode_config("e4m3", 576, 512, 64, SM90.tuning, "ws_unfused", 2)
+    assert cfg.chunks_per_load == 3
+    assert "/*CHUNKS_PER_LOAD=*/3>" in registry.get("mla_decode_sm90").source(cfg, SM90).source
     _assert_compiles_clean("mla_decode_sm90", cfg)
 
 
@@ -287,7 +286,7 @@ def test_clustered_ws_arrives_without_gpu_scope_fences(cache_root, tmp_path):
     sass = sass_of(binary.cubin, tmp_path)
     splitkv = sass.split("Function : mla_jit_decode_splitkv")[1].split("Function :")[0]
     assert len(re.findall(r"MEMBAR\.ALL\.GPU", splitkv)) == 2, re.findall(r"MEMBAR[.\w]*", splitkv)
-    assert "UTMALDG.3D.MULTICAST" in splitkv  # each tile chunk loaded once for the cluster
+    assert "UTMALDG.4D.MULTICAST" in splitkv  # each group of tile chunks loaded once for the cluster
 
 
 @pytest.mark.slow

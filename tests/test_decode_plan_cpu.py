@@ -10,7 +10,7 @@ from mla_jit.runtimes.decode import DECODE_PARAMS
 
 
 @pytest.mark.parametrize("tuning,override,rows,expect", [
-    ("sm_90a", "", 128, ("mla_decode_sm90", 2, 384, (64, 1, 64))),
+    ("sm_90a", "", 128, ("mla_decode_sm90", 2, 384, "tile")),
     ("sm_80", "sm_80", 16, ("mla_decode_sm80", 1, 128, None)),
     ("sm_89", "sm_89", 128, ("mla_decode_sm80", 4, 128, None)),
 ])
@@ -56,7 +56,8 @@ def test_decode_launch_geometry(tuning, override, rows, expect, monkeypatch):
         else:
             ((cb_args, cb_kw),) = combine_calls
             assert cb_args[5:7] == ((3, 1, -(-rows // 8)), (256, 1, 1)) and cb_kw["pdl"] is True
-        assert box == want_box
+        # sm90, pages of 64: the tile's 9 chunks in one TMA load, or a group of 3 a cluster CTA.
+        assert box == ((3 if clustered else 9, 64, 1, 64) if want_box == "tile" else want_box)
 
 
 def _stub_decode_families(monkeypatch, tuning: str) -> list:
@@ -130,7 +131,7 @@ def test_kv_descriptor_promotes_l2_fills_to_one_box_row(monkeypatch):
     fp8_cache = torch.zeros(3, 16, 1, 512, dtype=torch.float8_e4m3fn)
     runtime.kv_descriptor(fp8_cache, ("test", fp8_cache.data_ptr(), fp8_cache.dtype), (16, 1, 64))
     assert seen[1:] == [((3 * 16, 1, 512), (16, 1, 64), 64, 64)]
-    # The tile-wide box (MLA_JIT_SM90_TMA_BOX=tile): the chunk-outermost view, its own memo entry.
+    # The tile-wide box (pages >= 64): the chunk-outermost view, its own memo entry.
     runtime.kv_descriptor(k_cache, ("test", k_cache.data_ptr(), (9, 64, 1, 64)), (9, 64, 1, 64))
     assert seen[2:] == [((9, 3 * 64, 1, 64), (9, 64, 1, 64), 128, 128)]
     assert tma.TmaSpec(torch.bfloat16, (64, 64), (64,), (64, 8)).l2_promotion == 128
@@ -183,7 +184,7 @@ def test_fp8_plan_packs_the_descale_pointers(monkeypatch):
         torch.zeros(1, 8, dtype=torch.int32)
     plan = runtime.DecodePlan(q, k_cache, block_table, 512, 1)
     cfg = calls[0][0][0]
-    assert (cfg.dtype, cfg.num_stages, plan.box, plan.out_dtype) == ("e4m3", 4, (64, 1, 64), torch.bfloat16)
+    assert (cfg.dtype, cfg.num_stages, plan.box, plan.out_dtype) == ("e4m3", 4, (9, 64, 1, 64), torch.bfloat16)
     assert runtime.DecodePlan(q, k_cache, block_table, 512, 1).unit_descale is plan.unit_descale  # one per device
     assert plan.unit_descale.tolist() == [1.0] and plan.unit_descale.dtype == torch.float32
     descale_q, descale_k = torch.tensor([0.5]), torch.tensor([0.25])
@@ -193,7 +194,7 @@ def test_fp8_plan_packs_the_descale_pointers(monkeypatch):
         out, lse = plan.run(q, q.data_ptr(), k_cache, k_cache.data_ptr(), block_table, lens, meta, splits, 0.1,
                             False, *given)
         stream, params, kv = plan.splitkv.launches[-1]
-        assert DECODE_PARAMS.unpack(params)[-8:-6] == want and kv == ((64, 1, 64), 64)
+        assert DECODE_PARAMS.unpack(params)[-8:-6] == want and kv == ((9, 64, 1, 64), 64)
         assert out.dtype == torch.bfloat16 and out.shape == (1, 1, 16, 512) and lse.dtype == torch.float32
     # bf16 q over the e4m3 cache: the bf16 kernel that de-quantizes it (2 stages), the e4m3 box
     # (64-byte rows), bf16 out; descale_q always the 1.0.
@@ -202,7 +203,7 @@ def test_fp8_plan_packs_the_descale_pointers(monkeypatch):
     assert (cfg.dtype, cfg.kv_dtype, cfg.num_stages, over.out_dtype) == ("bf16", "e4m3", 2, torch.bfloat16)
     over.run(q.bfloat16(), 0, k_cache, 0, block_table, lens, meta, splits, 0.1, False, None, descale_k)
     stream, params, kv = over.splitkv.launches[-1]
-    assert DECODE_PARAMS.unpack(params)[-8:-6] == (over.unit_ptr, descale_k.data_ptr()) and kv == ((64, 1, 64), 64)
+    assert DECODE_PARAMS.unpack(params)[-8:-6] == (over.unit_ptr, descale_k.data_ptr()) and kv == ((9, 64, 1, 64), 64)
     bf16 = runtime.DecodePlan(q.bfloat16(), k_cache.bfloat16(), block_table, 512, 1)
     assert bf16.unit_descale is None and bf16.out_dtype == torch.bfloat16
     bf16.run(q.bfloat16(), 0, k_cache.bfloat16(), 0, block_table, lens, meta, splits, 0.1, False)

@@ -155,21 +155,6 @@ def test_fp8_decode_matches_reference(case, api, env, monkeypatch):
     _check_fp8(case, api)
 
 
-# The candidate variants not yet on by default (bench/NOTES.md, session 34), each and together, over
-# grid rows with clusters and none, both schedules, pages 16 / 64 / 256, d 512, compact rows, tails,
-# zero lengths and short sequences.
-_EARLY, _TILE = {"MLA_JIT_SM90_FP8_STAGE_RELEASE": "early"}, {"MLA_JIT_SM90_TMA_BOX": "tile"}
-_CANDIDATE_ROWS = [0, 2, 3, 4, 5, 7, 8, 10, 11, 13, 15, 16, 20, 21, 25, 27, 28, 30]
-_CANDIDATE_GRID = [(case, api, {**env, **variant}) for variant in (_EARLY, _TILE, {**_EARLY, **_TILE})
-                   for case, api, env in (_FP8_GRID[i] for i in _CANDIDATE_ROWS)]
-
-
-@pytest.mark.parametrize("case,api,env", _CANDIDATE_GRID, ids=env_grid_ids(_CANDIDATE_GRID))
-def test_fp8_candidate_variants_match_reference(case, api, env, monkeypatch):
-    set_env(monkeypatch, env)
-    _check_fp8(case, api)
-
-
 def test_fp8_descales_are_read_on_the_gpu_every_call():
     """New descale values in the same tensors (the same plan): the next call uses them. SGLang's
     unscaled e4m3 (the values themselves in e4m3; flash_mla_with_kvcache with descales of ones, or

@@ -121,17 +121,6 @@ def test_16bit_q_over_fp8_cache_matches_reference(case, api, env, monkeypatch):
     _check(case, api)
 
 
-# The tile-wide TMA box (MLA_JIT_SM90_TMA_BOX=tile, not yet on by default: bench/NOTES.md, session 34)
-# into the landing slots: clusters and none, both schedules, tails, zero lengths.
-_TILE_GRID = [(case, api, {**env, "MLA_JIT_SM90_TMA_BOX": "tile"}) for case, api, env in _GRID[:8]]
-
-
-@pytest.mark.parametrize("case,api,env", _TILE_GRID, ids=env_grid_ids(_TILE_GRID))
-def test_16bit_q_over_fp8_cache_with_tile_wide_tma_box(case, api, env, monkeypatch):
-    set_env(monkeypatch, env)
-    _check(case, api)
-
-
 def test_descale_k_is_read_on_the_gpu_and_none_means_one():
     """descale_k scales S and V (a wrong factor on either fails the reference); None reads 1.0."""
     case = DecodeCase(6, 2, 700, 64, 1, True, True)

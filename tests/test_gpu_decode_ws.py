@@ -95,21 +95,3 @@ def test_clustered_launch_is_used_where_asked(cluster, want, monkeypatch):
     assert decode_plan.decode_plans[signature].splitkv.cluster == want
 
 
-# The candidate variants not yet on by default (bench/NOTES.md, session 34): the tile-wide TMA box
-# (every dense kernel with a page per tile) at the shapes that reach its cluster groups, d 512, pages
-# 64 / 128 / 256, fp16, compact rows, tails and zero lengths.
-_TILE_BOX_CASES = [DecodeCase(6, 2, 4096, 64, 1, True, True), DecodeCase(64, 1, 140, 128, 1, True, False),
-                   DecodeCase(128, 1, 4096, 16, 1, True, False, zero_lens=True),
-                   DecodeCase(6, 4, 140, 9, 1, True, True, page=256),
-                   DecodeCase(6, 2, 140, 64, 1, True, True, dtype=torch.float16, page=128),
-                   DecodeCase(2, 2, 4096, 128, 2, True, True, d=512), DecodeCase(1, 1, 65, 16),
-                   DecodeCase(2, 1, 9000, 32, 1, True)]
-
-
-@pytest.mark.parametrize("schedule", ["ws", "ws_unfused"])
-@pytest.mark.parametrize("case", _TILE_BOX_CASES, ids=str)
-def test_tile_wide_tma_box_matches_reference(schedule, case, monkeypatch):
-    """MLA_JIT_SM90_TMA_BOX=tile: one 4-D TMA load a tile (or a group of chunks a cluster CTA)."""
-    monkeypatch.setenv("MLA_JIT_SM90_TMA_BOX", "tile")
-    monkeypatch.setenv("MLA_JIT_SM90_DECODE_SCHEDULE", schedule)
-    _check_case(case)

@@ -24,19 +24,6 @@ CLUSTER_ENV = env.declare(
     "launch falls back to none when the GPU cannot keep every cluster resident at once "
     "(cuOccupancyMaxActiveClusters).",
     choices=("auto", "1", "2"), owner=__name__)
-FP8_STAGE_RELEASE_ENV = env.declare(
-    "MLA_JIT_SM90_FP8_STAGE_RELEASE", "after_pv",
-    "When the Hopper e4m3 decode kernel (e4m3 q and cache) gives a KV stage back to its TMA producer: "
-    "`after_pv` (once both P V warpgroups are done with the tile) or `early` (once S and the V^T "
-    "transpositions have read it; P in slots of its own). `early` is not yet measured on a GPU.",
-    choices=("after_pv", "early"), owner=__name__)
-TMA_BOX_ENV = env.declare(
-    "MLA_JIT_SM90_TMA_BOX", "chunk",
-    "TMA loads of a KV tile in the Hopper dense decode kernels (pages >= 64): `chunk` (one per 64 columns) "
-    "or `tile` (one 4-D box over the tile's column chunks; with a cluster, one per group of them). `tile` "
-    "is not yet measured on a GPU.",
-    choices=("chunk", "tile"), owner=__name__)
-
 BLOCK_M = 64           # query rows (s_q * heads per KV head) per CTA tile
 BLOCK_N = 64           # KV tokens per pipeline stage
 FIXED_OVERHEAD_BLOCKS = 5   # scheduler cost of starting a split, in KV blocks
@@ -102,12 +89,6 @@ class DecodeConfig:
     # At most 32 query rows a KV head (one row tile): the rows in the first row half of each warp's
     # 16, so the softmax warpgroup runs its per-row work for one of a thread's two rows (splitkv_ws.cuh).
     compact_rows: bool = False
-    # e4m3 q and cache: a stage goes back to the TMA producer once S and the V^T transpositions have
-    # read it, P in two slots of its own (splitkv_ws.cuh, kEarlyRelease); else after P V.
-    early_release: bool = False
-    # Column chunks (64 columns) a TMA load covers: 1, or (pages >= 64) a divisor of the tile's chunks
-    # (splitkv_ws.cuh, kChunksPerLoad).
-    chunks_per_load: int = 1
 
     num_threads = 384   # a producer warpgroup, the S/softmax warpgroup, two P V warpgroups
 
@@ -119,8 +100,6 @@ class DecodeConfig:
             raise InvalidArgumentError("DecodeConfig.kv_dtype", "None unless dtype is bf16 or fp16",
                                        f"{self.kv_dtype!r} with dtype {self.dtype!r}")
         check_fields(self, schedule=SCHEDULES, cluster_m=(1, 2), dtype=tuple(STAGES), compact_rows=(False, True),
-                     early_release=(False, True) if self.dtype == "e4m3" else (False,),
-                     chunks_per_load=_chunk_groups(self.head_dim) if self.page_size >= BLOCK_N else (1,),
                      head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS), page_size=SUPPORTED_PAGE_SIZES,
                      block_m=(BLOCK_M,), block_n=(BLOCK_N,), num_stages=(stages_for(self.dtype, self.kv_dtype),))
         if self.compact_rows and self.cluster_m != 1:   # (at most 32 rows: one row tile)
@@ -133,6 +112,11 @@ class DecodeConfig:
     def cluster(self) -> tuple[int, int, int] | None:
         """Cluster dims of the split-KV launch (grid (parts, h_kv, row tiles)), None for none."""
         return (1, 1, self.cluster_m) if self.cluster_m > 1 else None
+
+    @property
+    def chunks_per_load(self) -> int:
+        """Column chunks (64 columns) a TMA load covers (splitkv_ws.cuh, kChunksPerLoad)."""
+        return _chunks_per_load(self.head_dim, self.page_size, self.cluster_m)
 
     @property
     def fused_combine(self) -> bool:
@@ -190,30 +174,23 @@ def cluster_m_for(row_tiles: int, choice: str = "auto") -> int:
 @functools.lru_cache(maxsize=None)
 def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
                   schedule: str = "ws", cluster_m: int = 1, kv_dtype: str | None = None,
-                  rows: int | None = None, stage_release: str = "after_pv", tma_box: str = "chunk") -> DecodeConfig:
+                  rows: int | None = None) -> DecodeConfig:
     """kv_dtype: the cache's dtype where it is not q's (`dtype`). rows: query rows a KV head (s_q x
-    h_q / h_kv), where known: compact rows at most BLOCK_M / 2 (one row tile, half of it padding).
-    stage_release: MLA_JIT_SM90_FP8_STAGE_RELEASE's choice (the e4m3 kernel only); tma_box:
-    MLA_JIT_SM90_TMA_BOX's."""
+    h_q / h_kv), where known: compact rows at most BLOCK_M / 2 (one row tile, half of it padding)."""
     kv_dtype = None if kv_dtype == dtype else kv_dtype
     return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N,
                         num_stages=stages_for(dtype, kv_dtype), schedule=schedule, cluster_m=cluster_m,
-                        kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2 and cluster_m == 1,
-                        early_release=stage_release == "early" and dtype == "e4m3",
-                        chunks_per_load=_chunks_per_load(head_dim, page_size, cluster_m, tma_box))
+                        kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2 and cluster_m == 1)
 
 
-def _chunk_groups(head_dim: int) -> tuple[int, ...]:
-    """Chunks a TMA load may cover at head_dim: the divisors of the tile's 64-column chunks."""
+def _chunks_per_load(head_dim: int, page_size: int, cluster_m: int) -> int:
+    """A tile's column chunks in one TMA load (a page per tile), or in one load per cluster CTA and
+    group (2 groups of 4 at d = 512, 3 of 3 at d = 576, taken in turns); smaller pages 1 (a load a
+    page and chunk). Interleaved on the H200 against a load per chunk (bench/NOTES.md, session 35):
+    the e4m3 kernel 1.03-1.08x (the producer's 9 issues were ~540 clocks of its tile period), the
+    bf16 kernel 0.997-1.006x."""
     chunks = head_dim // 64
-    return tuple(k for k in range(1, chunks + 1) if chunks % k == 0)
-
-
-def _chunks_per_load(head_dim: int, page_size: int, cluster_m: int, tma_box: str) -> int:
-    """A tile's column chunks in one TMA load ("tile", with a page per tile), or in one load per
-    cluster CTA and group (2 groups of 4 at d = 512, 3 of 3 at d = 576, taken in turns); else 1."""
-    chunks = head_dim // 64
-    if tma_box != "tile" or page_size < BLOCK_N:
+    if page_size < BLOCK_N:
         return 1
     if cluster_m == 1:
         return chunks

@@ -30,7 +30,7 @@
 //        At the last tile of a piece P and the rescale are multiplied by 1/l, so O comes out
 //        normalized. P(n) is published only once most of S(n+1) is done (kSFirstGroupK), so S
 //        has the tensor cores nearly to itself and P V(n) runs during the end of S(n+1) and the
-//        softmax of n+1. WG0 never waits for P V (EARLY_RELEASE: for P V(n - 2), see below).
+//        softmax of n+1. WG0 never waits for P V (e4m3: for P V(n - 2), see below).
 //   WG1, WG2 (P V): each owns half of O (64 x DV/2 fp32 in registers).
 //        wait p_full[s] -> O *= rescale (skipped where it is 1) -> O += P V[:, half] (SS wgmma,
 //        V = the K tile read through a transposed view; scale-d = 0 on a piece's first tile)
@@ -59,12 +59,12 @@
 //              (CUTLASS's ClusterBarrier does the same; .release.cluster costs a MEMBAR.ALL.GPU
 //              per arrive): what it orders before the peer's TMA overwrite are reads (P V's
 //              wgmma, retired by wgmma.wait) and WG0's P / tail-zero stores, which that wgmma
-//              already read. (EARLY_RELEASE: count 8, this CTA's warps; WG0 waits it for the P slot,
+//              already read. (e4m3: count 8, this CTA's warps; WG0 waits it for the P slot,
 //              and the producer waits stage_free[s] instead, see the e4m3 notes below.)
 //   Stage s's P, row_scale[s], info[s] (and its K/V rows, which WG0 zeroes for a tail tile) are
 //   rewritten only by WG0 for tile n+NS, after it waited full[s] of n+NS, which the producer
 //   issued after pv_done[s] of n: the chain full <- pv_done protects every per-stage slot, so WG0
-//   needs no "P consumed" barrier and never waits for the P V warpgroups. (EARLY_RELEASE: full <-
+//   needs no "P consumed" barrier and never waits for the P V warpgroups. (e4m3: full <-
 //   stage_free protects the stage and tile_valid[s]; pv_done(n - 2) -> WG0 the P slot, row_scale and
 //   info.)
 //   Named barrier 1 (WG0, 128 threads): piece start (Q's smem part rewritten only after every
@@ -90,7 +90,7 @@
 // token order that P's columns share), and syncs its 4 warps on named barrier 4 / 5 before its
 // P V. It zeroes tokens >= L there itself (the producer notes each tile's valid tokens in
 // tile_valid[s]): WG0's tail zeroing runs concurrently. Registers: WG0 152, WG1/WG2 176.
-// EARLY_RELEASE (e4m3 only; MLA_JIT_SM90_FP8_STAGE_RELEASE=early, not yet measured): P goes into two
+// The early stage release (kEarlyRelease, the e4m3 kernel; H200: 1.01-1.05x, 1.00-1.04x with the tile box): P goes into two
 // slots of its own (aux, by tile parity) instead of the rope columns, so a stage's last readers are
 // S(n) and the two V^T transpositions. Each of those warps (WG0's after S's wait, the P V warps
 // after transposing; 12 x CLUSTER_M, cluster-wide as pv_done otherwise) arrives on stage_free[s],
@@ -98,7 +98,7 @@
 // both P V(n) (H200 trace: ~600 of the P V side's ~1360-clock loop). pv_done (this CTA's 8 P V
 // warps) then guards the P slot: WG0 waits pv_done of tile n - 2 before storing P(n), which also
 // covers tile n - 2's row_scale / info (read before the arrival; stage s's are rewritten at n + NS).
-// CHUNKS_PER_LOAD > 1 (any dense kernel, pages >= 64; MLA_JIT_SM90_TMA_BOX=tile, not yet measured):
+// CHUNKS_PER_LOAD > 1 (any dense kernel, pages >= 64; H200: e4m3 1.03-1.08x, bf16 0.997-1.006x):
 // the descriptor is 4-D (64 columns, head, token, chunk: runtimes/decode_plan.kv_tma_view), so one
 // load writes that many chunk slabs (of a stage, or of a KV_FP8 landing slot); 1 load a tile, or with
 // a cluster 2-3 loads taken in turns.
@@ -181,7 +181,7 @@ struct WsCursor {
 // 5 tile n + 1 de-quantized (FP8 records); e4m3: 4 before the wait for tile n, 5 its V^T written
 // (both warpgroups' halves: barrier); both: 6 P(n) arrived, 7 P V(n) and the work beside it done.
 // e4m3, the TMA producer (thread 128) at the refill its loop's tile n issues (tile n - 1 + NS):
-// 8 the stage released (pv_done of tile n - 1 waited; EARLY_RELEASE: stage_free), 9 the tile's loads issued.
+// 8 the stage released (pv_done of tile n - 1 waited; e4m3: stage_free), 9 the tile's loads issued.
 struct WsPhaseTrace {
   static constexpr int kFirstTile = 8, kTiles = 8;
   __device__ __forceinline__ static void mark(int n, int event) {
@@ -388,7 +388,7 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
           int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int CLUSTER_M_ = 1,
           bool KV_FP8_ = false, int SPARSE_KV_ = 0, bool COMPACT_ROWS_ = false, int S_FIRST_GROUP_K_ = 18,
-          typename RECORD_ = V32Record, bool EARLY_RELEASE_ = false, int CHUNKS_PER_LOAD_ = 1>
+          typename RECORD_ = V32Record, int CHUNKS_PER_LOAD_ = 1>
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_>;
   using Element = Element_;
@@ -448,8 +448,8 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // e4m3: a stage goes back to the producer once its last readers are done (WG0's S and the two V^T
   // transpositions: stage_free) instead of after P V, whose P then sits in two slots of its own by
   // tile parity (aux) and whose end (pv_done) WG0 waits before reusing a P slot. See "Synchronization".
-  static constexpr bool kEarlyRelease = EARLY_RELEASE_;
-  static_assert(!kEarlyRelease || (kFp8 && SPARSE_KV_ == 0), "early stage release: the dense e4m3 kernel");
+  // H200, interleaved against the release after P V: 1.01-1.05x on the FP8 rows (bench/NOTES.md, session 35).
+  static constexpr bool kEarlyRelease = kFp8;
   // Column chunks a TMA load covers: 1 (a 3-D box of 64 columns, kColChunks loads a tile), or more
   // (pages >= 64: a 4-D box whose outermost dimension is the chunk, so that one load writes the
   // chunk-major slabs of that many chunks; the H200 trace gave the 9 issues of an e4m3 d = 576 tile
@@ -491,10 +491,10 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // e4m3: all of Q is 72 registers (18 k-steps of 32 columns), so S is register-A wgmma alone.
   static constexpr int kQRegCols = kFp8 ? HEAD_DIM : HEAD_DIM_V - 16;
   // d > dv: P goes into the rope columns of its stage's K tile; 16-bit Q's rope part is in smem.
-  static constexpr bool kPInRope = HEAD_DIM > HEAD_DIM_V && !EARLY_RELEASE_;
+  static constexpr bool kPInRope = HEAD_DIM > HEAD_DIM_V && !kEarlyRelease;
   // aux: 16-bit Q rope (BLOCK_M x 64) when kPInRope, else one P tile (BLOCK_M x BLOCK_N) per stage
   // (early release: per tile parity).
-  static constexpr int kPSlots = EARLY_RELEASE_ ? 2 : NUM_STAGES;
+  static constexpr int kPSlots = kEarlyRelease ? 2 : NUM_STAGES;
   static constexpr int kAuxElems = kPInRope ? (kFp8 ? 16 : BLOCK_M * 64) : kPSlots * BLOCK_M * BLOCK_N;
 
   // Q[:, kQRegCols:DV]: 64 x 16, K-major with the 32B swizzle (16-bit only; a 32-column e4m3
