@@ -12,9 +12,8 @@ CTA (WsPhaseTrace); this prints the median over those rows, in SM clocks:
   P V  sparse: deq    named barrier -> tile n + 1 de-quantized               waitP  -> P(n) arrived
        fp8:    deq    wait for tile n's bytes + V^T transpose + barrier      waitP  -> P(n) arrived
        pv      P V(n) (sparse: with the gather beside it)                    loop   -> the next tile's start
-       fp8, the loop's refill by the producer (thread 128; page >= 64): rel  P V(n) done -> the stage
-       released (pv_done of both warpgroups), tma  -> its loads issued (block-table read, 9 TMAs),
-       rest  -> the next tile's start
+       fp8, the refill by the producer (thread 128; page >= 64) beside P V(n): rel  P(n) arrived ->
+       the stage released (stage_free), tma  -> its loads issued (block-table read, the TMA loads)
 and the tile period (WG0's wait start to the next one's). Needs >= 16 tiles per CTA (e.g. sparse 128 1 64,
 fp8 128 1 32768 16).
 """
@@ -83,7 +82,10 @@ def main() -> None:
         if nxt:
             spans["gap"].append(nxt[0] - r[3])
             spans["loop"].append(nxt[4] - r[7])
-            if nxt[8] and nxt[9]:   # (the refill the next tile's loop issued)
+            if r[8] and r[9] and r[6] <= r[8] <= r[7]:   # (e4m3: the refill issued beside P V(n))
+                spans["rel"].append(r[8] - r[6])
+                spans["tma"].append(r[9] - r[8])
+            elif nxt[8] and nxt[9]:   # (the refill the next tile's loop issued)
                 spans["rel"].append(nxt[8] - r[7])
                 spans["tma"].append(nxt[9] - nxt[8])
                 spans["rest"].append(nxt[4] - nxt[9])

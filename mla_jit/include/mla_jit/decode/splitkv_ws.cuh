@@ -36,7 +36,8 @@
 //        V = the K tile read through a transposed view; scale-d = 0 on a piece's first tile)
 //        -> arrive pv_done[s] -> (piece end) store O.
 //        Thread 128 (WG1) is the TMA producer: before waiting for P(n) it refills the stage of
-//        tile n-1 with tile n-1+NUM_STAGES once pv_done of tile n-1 completed.
+//        tile n-1 with tile n-1+NUM_STAGES once pv_done of tile n-1 completed. (e4m3: beside its
+//        P V(n) it refills stage n with tile n+NUM_STAGES, once stage_free of tile n completed.)
 // K and V are the same smem tile (V = first HEAD_DIM_V columns), so every KV byte crosses HBM once
 // per CTA; with CLUSTER_M > 1 the row tiles of a cluster share each tile's loads (multicast), so
 // it crosses L2 -> SM once per cluster. P(n) is written into the rope columns [DV, DV + 64) of
@@ -95,7 +96,8 @@
 // S(n) and the two V^T transpositions. Each of those warps (WG0's after S's wait, the P V warps
 // after transposing; 12 x CLUSTER_M, cluster-wide as pv_done otherwise) arrives on stage_free[s],
 // which the producer waits before the refill instead of pv_done: the refill no longer waits for
-// both P V(n) (H200 trace: ~600 of the P V side's ~1360-clock loop). pv_done (this CTA's 8 P V
+// both P V(n) (H200 trace: ~600 of the P V side's ~1360-clock loop), and it issues it while its
+// own P V(n) wgmma runs (the stage's bytes are no operand of it). pv_done (this CTA's 8 P V
 // warps) then guards the P slot: WG0 waits pv_done of tile n - 2 before storing P(n), which also
 // covers tile n - 2's row_scale / info (read before the arrival; stage s's are rewritten at n + NS).
 // CHUNKS_PER_LOAD > 1 (any dense kernel, pages >= 64; H200: e4m3 1.03-1.08x, bf16 0.997-1.006x):
@@ -180,8 +182,8 @@ struct WsCursor {
 // (sparse: published). Thread 128 (P V, its loop's tile n): sparse: 4 past the named barrier,
 // 5 tile n + 1 de-quantized (FP8 records); e4m3: 4 before the wait for tile n, 5 its V^T written
 // (both warpgroups' halves: barrier); both: 6 P(n) arrived, 7 P V(n) and the work beside it done.
-// e4m3, the TMA producer (thread 128) at the refill its loop's tile n issues (tile n - 1 + NS):
-// 8 the stage released (pv_done of tile n - 1 waited; e4m3: stage_free), 9 the tile's loads issued.
+// e4m3, the TMA producer (thread 128) at the refill it issues beside P V(n) (tile n + NS):
+// 8 the stage released (stage_free of tile n waited), 9 the tile's loads issued.
 struct WsPhaseTrace {
   static constexpr int kFirstTile = 8, kTiles = 8;
   __device__ __forceinline__ static void mark(int n, int event) {
@@ -615,7 +617,7 @@ __device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, Lens seqlen
     const int page = prod.tok / Cfg::PAGE_SIZE;
     const int row = bt[page] * Cfg::PAGE_SIZE + (prod.tok % Cfg::PAGE_SIZE);
     if (n >= NS) mbarrier_wait(Cfg::kEarlyRelease ? &ss.stage_free[stage] : &ss.pv_done[stage], (n / NS - 1) & 1);
-    if (Cfg::kFp8) WsPhaseTrace::mark(n - NS + 1, 8);
+    if (Cfg::kFp8) WsPhaseTrace::mark(n - NS, 8);   // issued beside P V(n - NS)
     note_valid();
     mbarrier_arrive_expect_tx(&ss.full[stage], Cfg::kTileBytes);
     if constexpr (Cfg::kChunksPerLoad > 1) {
@@ -634,7 +636,7 @@ __device__ __forceinline__ void ws_issue_tile(const DecodeParams& p, Lens seqlen
 #pragma unroll
       for (int c = 0; c < Cfg::kColChunks; ++c) load_chunk(c, dst + c * kChunkBytes, c * Cfg::kBoxCols, row);
     }
-    if (Cfg::kFp8) WsPhaseTrace::mark(n - NS + 1, 9);
+    if (Cfg::kFp8) WsPhaseTrace::mark(n - NS, 9);
   } else {
     // Several pages per tile: load only pages that hold tokens < L (later block_table
     // entries may be garbage, later pages NaN).
@@ -1581,7 +1583,7 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
   bool fresh = true;  // first tile of a piece: the P V wgmma overwrites O (scale-d = 0)
   for (int n = 0; n < num_tiles; ++n) {
     // Refill the stage of tile n - 1 with tile n - 1 + NS as soon as both P V warpgroups are
-    // done with it, before waiting for P(n): P(n) is published only after S(n + 1), whose
+    // done with it (e4m3: beside P V(n), during_pv), before waiting for P(n): P(n) is published only after S(n + 1), whose
     // bytes may be the ones this issues (NS = 2), and the TMA latency (~3600 cycles at h_q = 128,
     // H200) needs the head start.
     if constexpr (Cfg::kKvFp8) {
@@ -1608,7 +1610,7 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
         ws_gather_tile<Cfg>(p, kv_rows, ss, origin, n - 1 + NS, t, gi);
         ws_load_index<Cfg>(p, origin, n + NS, num_tiles, t, gi);
       }
-    } else {
+    } else if constexpr (!Cfg::kEarlyRelease) {
       if (is_producer && n > 0 && ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
     }
     __syncwarp();  // lane 0 of warp 4 may have diverged into the producer path
@@ -1619,6 +1621,12 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
     // FP8 records: tile n + 2's gather (into the slot tile n + 1 just left) and n + 3's index while P V(n)
     // runs on the tensor cores: off the path from the de-quantization to the next one.
     auto during_pv = [&] {
+      if constexpr (Cfg::kEarlyRelease) {
+        // Stage n is free once S(n) and the V^T transpositions have read it (stage_free), and P V(n)
+        // reads only V^T and P: its refill with tile n + NS runs beside P V(n), off the P V chain.
+        if (is_producer && ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
+        __syncwarp();  // reconverge before wgmma.wait (.aligned)
+      }
       if constexpr (Cfg::kSparseFp8) {
         if (n + 2 < num_tiles) {
           const int t = opaque(tid) - 128;
