@@ -32,8 +32,8 @@
 //        has the tensor cores nearly to itself and P V(n) runs during the end of S(n+1) and the
 //        softmax of n+1. WG0 never waits for P V (e4m3: for P V(n - 2), see below).
 //        S ahead (kSAhead, e4m3, not yet the default): two S accumulators; S(n+1) is issued right
-//        after S(n) is waited (a piece end first loads the next piece's Q), before softmax(n), and
-//        P(n) is published once stored (ws_softmax_loop_s_ahead). WG0 184 registers, WG1/WG2 160.
+//        after S(n) is waited, before softmax(n) (at a piece end after it and the next piece's Q),
+//        and P(n) is published once stored (ws_softmax_loop_s_ahead). WG0 184 registers, WG1/WG2 160.
 //   WG1, WG2 (P V): each owns half of O (64 x DV/2 fp32 in registers).
 //        wait p_full[s] -> O *= rescale (skipped where it is 1) -> O += P V[:, half] (SS wgmma,
 //        V = the K tile read through a transposed view; scale-d = 0 on a piece's first tile)
@@ -782,20 +782,9 @@ __device__ __forceinline__ void ws_seek_first_piece(const DecodeParams& p, Lens 
   st.cur.seek(meta, seqlens, b0);
 }
 
-// A piece's running max and sum, before its first tile.
-template <typename Cfg>
-__device__ __forceinline__ void ws_reset_rows(WsSoftmaxState<Cfg>& st) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    st.m_run[h] = -kInf;
-    st.l_run[h] = 0.f;
-  }
-}
-
 // Q of batch bi's piece into registers (Q[:, :kQRegCols]) and smem (the rest), running max and sum
-// reset unless kKeepRows (S ahead: the previous piece's last softmax is still to come).
-// first: the CTA's first piece (the producer waits for it before issuing more tiles).
-template <typename Cfg, bool kKeepRows = false>
+// reset. first: the CTA's first piece (the producer waits for it before issuing more tiles).
+template <typename Cfg>
 __device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::SharedStorage& ss,
                                           WsSoftmaxState<Cfg>& st, int bi, bool first) {
   using Element = typename Cfg::Element;
@@ -905,7 +894,11 @@ __device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::S
   named_barrier_sync(kBarWG0, 128);
   if (first) named_barrier_arrive(kBarFirstQ, ws_first_q_threads<Cfg>());  // the producer may start the KV TMAs
   if (first && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceFirstQ);
-  if constexpr (!kKeepRows) ws_reset_rows(st);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    st.m_run[h] = -kInf;
+    st.l_run[h] = 0.f;
+  }
 }
 
 // S(n) into tSrS, two commit groups (kSFirstGroupK), once tile n (cursor c's tile) has landed.
@@ -1146,13 +1139,12 @@ __device__ __forceinline__ void ws_publish_p(typename Cfg::SharedStorage& ss, in
   if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[stage]);
 }
 
-// S ahead (Cfg::kSAhead, e4m3), the rest of tile n once S(n) (in `cur`) is waited and S(n + 1)
-// issued: mask, softmax, P(n) stored and published at once (S(n + 1) is on the tensor cores
-// already), and at a piece end its lse; then the cursor moves to `next` (tile n + 1's).
+// S ahead (Cfg::kSAhead, e4m3), the softmax of tile n once S(n) (in `cur`) is waited: mask, softmax,
+// P(n) stored and published at once, and at a piece end its lse.
 template <typename Cfg, typename FragS>
 __device__ __forceinline__ void ws_s_ahead_softmax(const DecodeParams& p, typename Cfg::SharedStorage& ss,
                                                    WsSoftmaxState<Cfg>& st, FragS& cur, int n, bool piece_end,
-                                                   const WsCursor& next, float scale_log2, float v_scale) {
+                                                   float scale_log2, float v_scale) {
   constexpr int NS = Cfg::NUM_STAGES;
   const int tw = opaque(threadIdx.x % 128);
   const int row0 = ws_row0(tw), col_lane = ws_col_lane(tw);
@@ -1167,51 +1159,42 @@ __device__ __forceinline__ void ws_s_ahead_softmax(const DecodeParams& p, typena
   if (piece_end && (tw & 3) == 0) ws_store_lse<Cfg>(p, st, row0, lse2);
   ws_publish_p<Cfg>(ss, tw, stage);
   if (tw == 0) WsPhaseTrace::mark(n, 3);
-  if (piece_end) ws_reset_rows(st);
-  st.cur = next;
 }
 
-// S ahead: waits S(n) (in `cur`: nothing was issued after it) and frees its stage; finds tile n + 1
-// (`next`: this piece's next tile or the next piece's first). Returns false at the CTA's last tile.
+// S ahead, tile n: S(n) (in `cur`) waited and its stage freed; then S(n + 1) into `nxt` before the
+// softmax of n, except at a piece end, whose softmax (and P, lse) comes first so that the P V
+// warpgroups are not held up by the next piece's walk, Q load and bytes; that piece's Q (the
+// registers are free: S(n) done, nothing in flight) and its first S follow. Returns false at the
+// CTA's last tile (after its softmax, before any issue).
 template <typename Cfg, typename Lens, typename FragS>
-__device__ __forceinline__ bool ws_s_ahead_wait(const DecodeParams& p, Lens seqlens, typename Cfg::SharedStorage& ss,
-                                                WsSoftmaxState<Cfg>& st, FragS& cur, int n, bool& piece_end,
-                                                WsCursor& next) {
+__device__ __forceinline__ bool ws_s_ahead_step(const DecodeParams& p, Lens seqlens, typename Cfg::SharedStorage& ss,
+                                                WsSoftmaxState<Cfg>& st, FragS& cur, FragS& nxt, int n,
+                                                float scale_log2, float v_scale) {
   constexpr int BN = Cfg::BLOCK_N;
   const int tw = opaque(threadIdx.x % 128);
   int none = -1;
   ws_wait_s<Cfg>(ss, st, cur, tw, none);
   ws_release_stage<Cfg>(ss.stage_free, n % Cfg::NUM_STAGES, tw % 32);  // S read K(n)
   if (tw == 0) WsPhaseTrace::mark(n, 2);
-  piece_end = st.cur.tok + BN >= st.cur.stop;
-  next = st.cur;
+  const bool piece_end = st.cur.tok + BN >= st.cur.stop;
+  if (piece_end) ws_s_ahead_softmax<Cfg>(p, ss, st, cur, n, true, scale_log2, v_scale);
+  WsCursor next = st.cur;
   if (piece_end) {
     next.seek(ws_meta(p), seqlens, st.cur.bi + 1);
+    if (!next.valid()) return false;
+    ws_load_q<Cfg>(p, ss, st, next.bi, false);
   } else {
     next.tok += BN;
   }
-  return next.valid();
-}
-
-// S ahead, one tile with a successor: S(n) (in `cur`) waited, the next piece's Q at a piece end,
-// S(n + 1) into `nxt`, then the softmax of n. Returns false, before issuing, at the CTA's last tile.
-template <typename Cfg, typename Lens, typename FragS>
-__device__ __forceinline__ bool ws_s_ahead_step(const DecodeParams& p, Lens seqlens, typename Cfg::SharedStorage& ss,
-                                                WsSoftmaxState<Cfg>& st, FragS& cur, FragS& nxt, int n,
-                                                WsCursor& next, float scale_log2, float v_scale) {
-  bool piece_end;
-  if (!ws_s_ahead_wait<Cfg>(p, seqlens, ss, st, cur, n, piece_end, next)) return false;
-  if (piece_end) ws_load_q<Cfg, true>(p, ss, st, next.bi, false);
   ws_issue_s<Cfg>(ss, st, nxt, n + 1, next);
-  ws_s_ahead_softmax<Cfg>(p, ss, st, cur, n, piece_end, next, scale_log2, v_scale);
+  if (!piece_end) ws_s_ahead_softmax<Cfg>(p, ss, st, cur, n, false, scale_log2, v_scale);
+  st.cur = next;
   return true;
 }
 
-// WG0's loop with S ahead: S(n + 1) is issued (unconditionally: a wgmma under a branch serializes
-// every wgmma of the kernel, ptxas C7518) before the softmax of tile n; at a piece end the next
-// piece's Q is loaded first (the registers are free: S(n) is done, S(n + 1) not yet issued).
-// Unrolled by two, so that the two S accumulators swap roles statically; the CTA's last tile
-// (no S after it) is peeled.
+// WG0's loop with S ahead: every wgmma issue is unconditional within a step (issued under a branch,
+// a wgmma serializes every wgmma of the kernel: ptxas C7518); unrolled by two, so that the two S
+// accumulators swap roles statically.
 template <typename Cfg, typename Lens>
 __device__ __forceinline__ void ws_softmax_loop_s_ahead(const DecodeParams& p, Lens seqlens,
                                                         typename Cfg::SharedStorage& ss, WsSoftmaxState<Cfg>& st,
@@ -1219,25 +1202,9 @@ __device__ __forceinline__ void ws_softmax_loop_s_ahead(const DecodeParams& p, L
   if (!st.cur.valid()) return;
   ws_load_q<Cfg>(p, ss, st, st.cur.bi, true);
   ws_issue_s<Cfg>(ss, st, st.tSrS, 0, st.cur);
-  int n = 0;
-  bool last_in_next;
-  WsCursor next;
-  for (;; n += 2) {
-    if (!ws_s_ahead_step<Cfg>(p, seqlens, ss, st, st.tSrS, st.tSrS_next, n, next, scale_log2, v_scale)) {
-      last_in_next = false;
-      break;
-    }
-    if (!ws_s_ahead_step<Cfg>(p, seqlens, ss, st, st.tSrS_next, st.tSrS, n + 1, next, scale_log2, v_scale)) {
-      last_in_next = true;
-      ++n;
-      break;
-    }
-  }
-  // The CTA's last tile (a piece end), whose S is complete (waited above).
-  if (last_in_next) {
-    ws_s_ahead_softmax<Cfg>(p, ss, st, st.tSrS_next, n, true, next, scale_log2, v_scale);
-  } else {
-    ws_s_ahead_softmax<Cfg>(p, ss, st, st.tSrS, n, true, next, scale_log2, v_scale);
+  for (int n = 0;; n += 2) {
+    if (!ws_s_ahead_step<Cfg>(p, seqlens, ss, st, st.tSrS, st.tSrS_next, n, scale_log2, v_scale)) break;
+    if (!ws_s_ahead_step<Cfg>(p, seqlens, ss, st, st.tSrS_next, st.tSrS, n + 1, scale_log2, v_scale)) break;
   }
 }
 
