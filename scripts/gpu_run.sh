@@ -170,6 +170,14 @@ for case in ${TRACE_CASES:-}; do  # e.g. TRACE_CASES="32,1,4096,16 128,1,4096,16
   PYTHONPATH=$PWD/bench:$PYTHONPATH python3 bench/trace_decode.py ${case//,/ } ${TRACE_ARGS:-} \
     --rows-out "$OUT/trace_${case//,/_}.csv" 2>&1 | tail -n 20
 done
+# e.g. WS_PHASE_CASES="fp8,128,1,4096,128 sparse,128,1,64": where a tile's time goes in the warp-specialized
+# kernel (bench/trace_ws_phases.py); WS_PHASE_ENV="NAME=VALUE" traces that variant too.
+for case in ${WS_PHASE_CASES:-}; do
+  for variant in "" ${WS_PHASE_ENV:-}; do
+    [ -n "$variant" ] && echo "== $variant"
+    timeout 90 env $variant PYTHONPATH=$PWD/bench:$PYTHONPATH python3 bench/trace_ws_phases.py ${case//,/ } 2>&1 | tail -n 2
+  done
+done
 if [ -z "${SKIP_TP_STARTUP_BENCH:-}" ]; then  # tensor-parallel ranks starting from a warm shared root
   timeout "${BENCH_TIMEOUT:-400}" python3 bench/bench_tp_startup.py --ranks "${TP_RANKS:-8}" \
     --json "$OUT/tp_startup.json" 2>&1 | tee "$OUT/tp_startup.log" | tail -n 10
