@@ -393,7 +393,8 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
           int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int CLUSTER_M_ = 1,
           bool KV_FP8_ = false, int SPARSE_KV_ = 0, bool COMPACT_ROWS_ = false, int S_FIRST_GROUP_K_ = 18,
-          typename RECORD_ = V32Record, int CHUNKS_PER_LOAD_ = 1, bool S_AHEAD_ = false>
+          typename RECORD_ = V32Record, int CHUNKS_PER_LOAD_ = 1, bool S_AHEAD_ = false,
+          bool VT_AHEAD_ = false>
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_>;
   using Element = Element_;
@@ -430,6 +431,11 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   static constexpr bool kSAhead = S_AHEAD_;
   static_assert(!kSAhead || (kFp8 && SPARSE_KV_ == 0), "S ahead: the dense e4m3 kernel");
   static constexpr int kSFirstGroupK = kSAhead ? 0 : kFp8 ? 10 : S_FIRST_GROUP_K_;
+  // V^T ahead (e4m3): each P V warpgroup transposes V(n + 1) into its other V^T buffer while its
+  // P V(n) wgmma runs (tile n + 1 has landed by then: S(n + 1), which P(n) waits for, read it),
+  // instead of after P V(n) is done: the transposition leaves the P V warpgroups' chain.
+  static constexpr bool kVtAhead = VT_AHEAD_;
+  static_assert(!kVtAhead || (kFp8 && SPARSE_KV_ == 0), "V^T ahead: the dense e4m3 kernel");
 
   // Per-thread registers after setmaxnreg: WG0 (Q fragment + S) and the P V warpgroups (O half).
   // kRegsS + 2 * kRegsPV <= 3 * 168 (the launch allocation); see the header comment.
@@ -1459,6 +1465,24 @@ __device__ __forceinline__ int ws_count_tiles(const DecodeParams& p, Lens seqlen
 // P V, a piece's last tile multiplies O by the rows' final factor (1/l times the descale).
 // The stage (early release: this CTA's P slot) is released by one arrival per warp (ws_release_stage).
 
+// e4m3: this warpgroup's V half of the tile in `stage` (use parity `phase`) into V^T buffer vt_buf,
+// once it has landed; the stage's last read by this warpgroup (stage_free), then every warp's
+// V^T stores before any of them issues the P V that reads them (named barrier).
+template <typename Cfg>
+__device__ __forceinline__ void ws_transpose_v(typename Cfg::SharedStorage& ss, int stage, uint32_t phase, int half,
+                                               int tid_wg, int lane, int vt_buf, int tile) {
+  constexpr int BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
+  auto* v_half = ss.vt + (vt_buf * 2 + half) * (DV / 2 * BN);
+  if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 4);
+  mbarrier_wait(&ss.full[stage], phase);
+  transpose_v_half_e4m3<BN>(smem_addr(ss.kv[stage] + half * (DV / 2) * BN), smem_addr(v_half), ss.tile_valid[stage],
+                            tid_wg);
+  fence_proxy_async_shared();  // read by wgmma (async proxy)
+  if constexpr (Cfg::kEarlyRelease) ws_release_stage<Cfg>(ss.stage_free, stage, lane);  // V read: its last use
+  named_barrier_sync(kBarVt + half, 128);
+  if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 5);
+}
+
 // during: work of the thread's own (no O, no wgmma) done while the P V wgmma runs.
 template <typename Cfg, typename TiledMmaO, typename FragO, typename During>
 __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss, TiledMmaO& mma_o, FragO& tOrO,
@@ -1470,13 +1494,8 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
   Element* v_half;
   if constexpr (Cfg::kFp8) {
     v_half = ss.vt + (vt_buf * 2 + half) * (DV / 2 * BN);
-    if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 4);
-    mbarrier_wait(&ss.full[stage], phase);
-    transpose_v_half_e4m3<BN>(smem_addr(kv + half * (DV / 2) * BN), smem_addr(v_half), ss.tile_valid[stage], tid_wg);
-    fence_proxy_async_shared();  // read by wgmma (async proxy)
-    if constexpr (Cfg::kEarlyRelease) ws_release_stage<Cfg>(ss.stage_free, stage, lane);  // V read: its last use
-    named_barrier_sync(kBarVt + half, 128);
-    if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 5);
+    // (V^T ahead: transposed beside the previous tile's P V, or before the loop.)
+    if constexpr (!Cfg::kVtAhead) ws_transpose_v<Cfg>(ss, stage, phase, half, tid_wg, lane, vt_buf, tile);
     mbarrier_wait(&ss.p_full[stage], phase);
     if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 6);
   } else {
@@ -1664,6 +1683,9 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
     }
   }
 
+  if constexpr (Cfg::kVtAhead) {
+    if (num_tiles > 0) ws_transpose_v<Cfg>(ss, 0, 0u, half, tid_wg, tid_wg % 32, 0, 0);
+  }
   int stage = 0;
   uint32_t phase = 0;
   bool fresh = true;  // first tile of a piece: the P V wgmma overwrites O (scale-d = 0)
@@ -1707,6 +1729,16 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
     // FP8 records: tile n + 2's gather (into the slot tile n + 1 just left) and n + 3's index while P V(n)
     // runs on the tensor cores: off the path from the de-quantization to the next one.
     auto during_pv = [&] {
+      if constexpr (Cfg::kVtAhead) {
+        // V(n + 1) into the other V^T buffer, whose last reader was P V(n - 1): the barrier makes
+        // sure every warp of the warpgroup has waited for it (a warp's wait covers its own part).
+        if (n + 1 < num_tiles) {
+          named_barrier_sync(kBarVt + half, 128);
+          const bool wrap = stage + 1 == NS;
+          ws_transpose_v<Cfg>(ss, wrap ? 0 : stage + 1, wrap ? phase ^ 1u : phase, half, tw, tw % 32, (n + 1) & 1,
+                              n + 1);
+        }
+      }
       if constexpr (Cfg::kEarlyRelease) {
         // Stage n is free once S(n) and the V^T transpositions have read it (stage_free), and P V(n)
         // reads only V^T and P: its refill with tile n + NS runs beside P V(n), off the P V chain.
