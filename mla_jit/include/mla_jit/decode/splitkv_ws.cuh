@@ -94,6 +94,7 @@
 // token order that P's columns share), and syncs its 4 warps on named barrier 4 / 5 before its
 // P V. It zeroes tokens >= L there itself (the producer notes each tile's valid tokens in
 // tile_valid[s]): WG0's tail zeroing runs concurrently. Registers: WG0 152, WG1/WG2 176.
+// (V^T ahead, kVtAhead, not yet the default: the transposition of tile n + 1 runs beside P V(n).)
 // The early stage release (kEarlyRelease, the e4m3 kernel; H200: 1.01-1.05x, 1.00-1.04x with the tile box): P goes into two
 // slots of its own (aux, by tile parity) instead of the rope columns, so a stage's last readers are
 // S(n) and the two V^T transpositions. Each of those warps (WG0's after S's wait, the P V warps
@@ -432,8 +433,9 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   static_assert(!kSAhead || (kFp8 && SPARSE_KV_ == 0), "S ahead: the dense e4m3 kernel");
   static constexpr int kSFirstGroupK = kSAhead ? 0 : kFp8 ? 10 : S_FIRST_GROUP_K_;
   // V^T ahead (e4m3): each P V warpgroup transposes V(n + 1) into its other V^T buffer while its
-  // P V(n) wgmma runs (tile n + 1 has landed by then: S(n + 1), which P(n) waits for, read it),
-  // instead of after P V(n) is done: the transposition leaves the P V warpgroups' chain.
+  // P V(n) wgmma runs (tile n + 1 has landed by then, except after a piece's last tile, whose P is
+  // published at once: there it waits for the bytes), instead of after P V(n) is done: the
+  // transposition leaves the P V warpgroups' chain.
   static constexpr bool kVtAhead = VT_AHEAD_;
   static_assert(!kVtAhead || (kFp8 && SPARSE_KV_ == 0), "V^T ahead: the dense e4m3 kernel");
 
