@@ -14,9 +14,8 @@ CTA (WsPhaseTrace); this prints the median over those rows, in SM clocks:
        pv      P V(n) (sparse: with the gather beside it)                    loop   -> the next tile's start
        fp8, the refill by the producer (thread 128; page >= 64) beside P V(n): rel  P(n) arrived ->
        the stage released (stage_free), tma  -> its loads issued (block-table read, the TMA loads)
-and the tile period (WG0's wait start to the next one's). With MLA_JIT_SM90_FP8_AHEAD=vt|both, events
-4/5 of tile n + 1 are taken beside P V(n): deq is then the transposition alone, and waitP / loop lose
-their meaning. Needs >= 16 tiles per CTA (e.g. sparse 128 1 64, fp8 128 1 32768 16).
+and the tile period (WG0's wait start to the next one's). Needs >= 16 tiles per CTA (e.g. sparse 128 1 64,
+fp8 128 1 32768 16).
 """
 from __future__ import annotations
 

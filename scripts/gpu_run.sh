@@ -35,14 +35,6 @@ for schedule in ws ws_unfused; do
   done
 done
 python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache "${configs[@]}" 2>&1 | tail -n 3
-# PREWARM_CANDIDATES=1: the presets' kernels of the variants not yet on by default (bench/NOTES.md,
-# session 35: MLA_JIT_SM90_FP8_AHEAD), for their tests and A/B runs.
-if [ -n "${PREWARM_CANDIDATES:-}" ]; then
-  for ahead in s vt both; do
-    MLA_JIT_SM90_FP8_AHEAD=$ahead python3 -m mla_jit.cli prewarm --jobs "${PREWARM_JOBS:-16}" --op flash_mla_with_kvcache \
-      2>&1 | tail -n 1
-  done
-fi
 # The Ampere/Ada family, as the tests force it on this GPU (tuning@target); the sparse decode's kernels.
 python3 -m mla_jit.cli prewarm --jobs 8 --op flash_mla_with_kvcache --arch sm_80@sm_90a --arch sm_89@sm_90a \
   2>&1 | tail -n 1

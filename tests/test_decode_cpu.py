@@ -34,7 +34,7 @@ def test_every_supported_config_renders():
             # 3 stages, or 2 (and 2 landing slots) over an e4m3 cache
             assert f"{page}, 64, 64, {2 if kv else 3}, {tail}, {'true' if kv else 'false'},\n" in src.source
             chunks = d // 64 if page >= 64 else 1   # a page per tile: one TMA load a tile
-            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false," in src.source and f"/*CHUNKS_PER_LOAD=*/{chunks}, /*S_AHEAD=*/false,\n    /*VT_AHEAD=*/false>" in src.source
+            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false," in src.source and f"/*CHUNKS_PER_LOAD=*/{chunks}>" in src.source
             # The fused-combine kernel ships without the combine kernel.
             assert ("mla_jit_decode_combine(" in src.source) == combine
             assert family.entry_points(cfg)[1:] == (("mla_jit_decode_combine",) if combine else ())
@@ -222,28 +222,12 @@ def test_tile_wide_tma_box_view_and_config():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page,schedule,cluster_m,rows,ahead", [(64, "ws_unfused", 2, None, "both"),
-                                                                (16, "ws", 1, 16, "s"), (64, "ws", 1, None, "vt")])
-def test_fp8_ahead_kernels_compile_without_spills(page, schedule, cluster_m, rows, ahead, cache_root, monkeypatch):
-    """MLA_JIT_SM90_FP8_AHEAD (not yet the default): no spills, and no wgmma under a branch (ptxas
-    C7518 serializes every wgmma then)."""
-    monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
-    cfg = decode_config("e4m3", 576, 512, page, SM90.tuning, schedule, cluster_m, None, rows, ahead)
-    assert (cfg.s_ahead, cfg.vt_ahead) == (ahead in ("s", "both"), ahead in ("vt", "both"))
-    assert f"/*S_AHEAD=*/{str(cfg.s_ahead).lower()},\n    /*VT_AHEAD=*/{str(cfg.vt_ahead).lower()}>" in \
-        registry.get("mla_decode_sm90").source(cfg, SM90).source
-    bf16 = decode_config("bf16", 576, 512, 64, SM90.tuning, ahead="both")
-    assert not bf16.s_ahead and not bf16.vt_ahead  # e4m3 only
-    _assert_compiles_clean("mla_decode_sm90", cfg)
-
-
-@pytest.mark.slow
 def test_fp8_clustered_tile_box_kernel_compiles_without_spills(cache_root, monkeypatch):
     """The e4m3 kernel (early stage release) with a TMA load a group of 3 chunks, clustered."""
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
     cfg = decode_config("e4m3", 576, 512, 64, SM90.tuning, "ws_unfused", 2)
     assert cfg.chunks_per_load == 3
-    assert "/*CHUNKS_PER_LOAD=*/3, /*S_AHEAD=*/false," in registry.get("mla_decode_sm90").source(cfg, SM90).source
+    assert "/*CHUNKS_PER_LOAD=*/3>" in registry.get("mla_decode_sm90").source(cfg, SM90).source
     _assert_compiles_clean("mla_decode_sm90", cfg)
 
 

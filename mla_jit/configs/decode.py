@@ -24,13 +24,6 @@ CLUSTER_ENV = env.declare(
     "launch falls back to none when the GPU cannot keep every cluster resident at once "
     "(cuOccupancyMaxActiveClusters).",
     choices=("auto", "1", "2"), owner=__name__)
-FP8_AHEAD_ENV = env.declare(
-    "MLA_JIT_SM90_FP8_AHEAD", "none",
-    "What the Hopper e4m3 decode kernel (e4m3 q and cache) starts a tile ahead: `s` (S of the next KV tile "
-    "issued before the softmax of the current one; two S accumulators, registers 184 / 160 / 160), `vt` (the "
-    "next tile's V^T transposed beside the current P V), `both` or `none`. Not yet measured on a GPU.",
-    choices=("none", "s", "vt", "both"), owner=__name__)
-
 BLOCK_M = 64           # query rows (s_q * heads per KV head) per CTA tile
 BLOCK_N = 64           # KV tokens per pipeline stage
 FIXED_OVERHEAD_BLOCKS = 5   # scheduler cost of starting a split, in KV blocks
@@ -96,10 +89,6 @@ class DecodeConfig:
     # At most 32 query rows a KV head (one row tile): the rows in the first row half of each warp's
     # 16, so the softmax warpgroup runs its per-row work for one of a thread's two rows (splitkv_ws.cuh).
     compact_rows: bool = False
-    # e4m3 q and cache: S(n + 1) issued before the softmax of tile n (splitkv_ws.cuh, kSAhead), and
-    # V(n + 1) transposed beside P V(n) (kVtAhead).
-    s_ahead: bool = False
-    vt_ahead: bool = False
 
     num_threads = 384   # a producer warpgroup, the S/softmax warpgroup, two P V warpgroups
 
@@ -111,8 +100,6 @@ class DecodeConfig:
             raise InvalidArgumentError("DecodeConfig.kv_dtype", "None unless dtype is bf16 or fp16",
                                        f"{self.kv_dtype!r} with dtype {self.dtype!r}")
         check_fields(self, schedule=SCHEDULES, cluster_m=(1, 2), dtype=tuple(STAGES), compact_rows=(False, True),
-                     s_ahead=(False, True) if self.dtype == "e4m3" else (False,),
-                     vt_ahead=(False, True) if self.dtype == "e4m3" else (False,),
                      head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS), page_size=SUPPORTED_PAGE_SIZES,
                      block_m=(BLOCK_M,), block_n=(BLOCK_N,), num_stages=(stages_for(self.dtype, self.kv_dtype),))
         if self.compact_rows and self.cluster_m != 1:   # (at most 32 rows: one row tile)
@@ -187,16 +174,13 @@ def cluster_m_for(row_tiles: int, choice: str = "auto") -> int:
 @functools.lru_cache(maxsize=None)
 def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
                   schedule: str = "ws", cluster_m: int = 1, kv_dtype: str | None = None,
-                  rows: int | None = None, ahead: str = "none") -> DecodeConfig:
+                  rows: int | None = None) -> DecodeConfig:
     """kv_dtype: the cache's dtype where it is not q's (`dtype`). rows: query rows a KV head (s_q x
-    h_q / h_kv), where known: compact rows at most BLOCK_M / 2 (one row tile, half of it padding).
-    ahead: MLA_JIT_SM90_FP8_AHEAD's choice (the e4m3 kernel only)."""
+    h_q / h_kv), where known: compact rows at most BLOCK_M / 2 (one row tile, half of it padding)."""
     kv_dtype = None if kv_dtype == dtype else kv_dtype
     return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N,
                         num_stages=stages_for(dtype, kv_dtype), schedule=schedule, cluster_m=cluster_m,
-                        kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2 and cluster_m == 1,
-                        s_ahead=ahead in ("s", "both") and dtype == "e4m3",
-                        vt_ahead=ahead in ("vt", "both") and dtype == "e4m3")
+                        kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2 and cluster_m == 1)
 
 
 def _chunks_per_load(head_dim: int, page_size: int, cluster_m: int) -> int:

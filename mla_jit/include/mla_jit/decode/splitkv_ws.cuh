@@ -31,9 +31,6 @@
 //        normalized. P(n) is published only once most of S(n+1) is done (kSFirstGroupK), so S
 //        has the tensor cores nearly to itself and P V(n) runs during the end of S(n+1) and the
 //        softmax of n+1. WG0 never waits for P V (e4m3: for P V(n - 2), see below).
-//        S ahead (kSAhead, e4m3, not yet the default): two S accumulators; S(n+1) is issued right
-//        after S(n) is waited, before softmax(n) (at a piece end after it and the next piece's Q),
-//        and P(n) is published once stored (ws_softmax_loop_s_ahead). WG0 184 registers, WG1/WG2 160.
 //   WG1, WG2 (P V): each owns half of O (64 x DV/2 fp32 in registers).
 //        wait p_full[s] -> O *= rescale (skipped where it is 1) -> O += P V[:, half] (SS wgmma,
 //        V = the K tile read through a transposed view; scale-d = 0 on a piece's first tile)
@@ -94,7 +91,6 @@
 // token order that P's columns share), and syncs its 4 warps on named barrier 4 / 5 before its
 // P V. It zeroes tokens >= L there itself (the producer notes each tile's valid tokens in
 // tile_valid[s]): WG0's tail zeroing runs concurrently. Registers: WG0 152, WG1/WG2 176.
-// (V^T ahead, kVtAhead, not yet the default: the transposition of tile n + 1 runs beside P V(n).)
 // The early stage release (kEarlyRelease, the e4m3 kernel; H200: 1.01-1.05x, 1.00-1.04x with the tile box): P goes into two
 // slots of its own (aux, by tile parity) instead of the rope columns, so a stage's last readers are
 // S(n) and the two V^T transpositions. Each of those warps (WG0's after S's wait, the P V warps
@@ -394,8 +390,7 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
           int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int CLUSTER_M_ = 1,
           bool KV_FP8_ = false, int SPARSE_KV_ = 0, bool COMPACT_ROWS_ = false, int S_FIRST_GROUP_K_ = 18,
-          typename RECORD_ = V32Record, int CHUNKS_PER_LOAD_ = 1, bool S_AHEAD_ = false,
-          bool VT_AHEAD_ = false>
+          typename RECORD_ = V32Record, int CHUNKS_PER_LOAD_ = 1>
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_>;
   using Element = Element_;
@@ -425,27 +420,14 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // bytes). Interleaved against one group (H200): 0.945-0.977x the time on the h_q = 128, s_q = 2
   // rows at 18, 27 and 31, the s_q = 1 rows within their noise.
   // e4m3: 10 of the 18 (d = 576) or 16 k-steps, about the same share of S.
-  // S ahead (e4m3): WG0 issues S(n + 1) into a second accumulator before the softmax of tile n, so
-  // the tensor cores run S(n + 1) beside softmax(n) instead of WG0 waiting for each S in turn
-  // (H200 trace: S ~900 + softmax ~1300 clocks in series, the whole tile period). S is then one
-  // commit group and P(n) is published as soon as it is stored.
-  static constexpr bool kSAhead = S_AHEAD_;
-  static_assert(!kSAhead || (kFp8 && SPARSE_KV_ == 0), "S ahead: the dense e4m3 kernel");
-  static constexpr int kSFirstGroupK = kSAhead ? 0 : kFp8 ? 10 : S_FIRST_GROUP_K_;
-  // V^T ahead (e4m3): each P V warpgroup transposes V(n + 1) into its other V^T buffer while its
-  // P V(n) wgmma runs (tile n + 1 has landed by then, except after a piece's last tile, whose P is
-  // published at once: there it waits for the bytes), instead of after P V(n) is done: the
-  // transposition leaves the P V warpgroups' chain.
-  static constexpr bool kVtAhead = VT_AHEAD_;
-  static_assert(!kVtAhead || (kFp8 && SPARSE_KV_ == 0), "V^T ahead: the dense e4m3 kernel");
+  static constexpr int kSFirstGroupK = kFp8 ? 10 : S_FIRST_GROUP_K_;
 
   // Per-thread registers after setmaxnreg: WG0 (Q fragment + S) and the P V warpgroups (O half).
   // kRegsS + 2 * kRegsPV <= 3 * 168 (the launch allocation); see the header comment.
   // e4m3: WG0 holds Q in 72 registers (S at R24..R55, Q above: 152 fit), and the P V warpgroups
-  // transpose V besides holding O (168 spilled a word in the unfused kernel). S ahead: WG0 holds a
-  // second S (32 more): 184 / 160 compile without spills at every shape the tests use, 168 / 168 spilled.
-  static constexpr int kRegsS = kSAhead ? 184 : kFp8 ? 152 : 184;
-  static constexpr int kRegsPV = kSAhead ? 160 : kFp8 ? 176 : 160;
+  // transpose V besides holding O (168 spilled a word in the unfused kernel).
+  static constexpr int kRegsS = kFp8 ? 152 : 184;
+  static constexpr int kRegsPV = kFp8 ? 176 : 160;
   static constexpr int kLaunchRegs = 168;  // 65536 / 384, rounded down to 8: __launch_bounds__(384, 1)
   // Every warpgroup's count after its role (the fused combine's step 2): equal, and at most 168.
   static constexpr int kRegsAfter = kRegsPV < kLaunchRegs ? kRegsPV : kLaunchRegs;
@@ -754,8 +736,6 @@ struct WsSoftmaxState {
   TiledMmaSRs mma_rs;
   FragQ tSrQ;
   FragS tSrS;
-  // S ahead (Cfg::kSAhead): S of the next tile; the two swap roles tile by tile.
-  cute::conditional_t<Cfg::kSAhead, FragS, cute::tuple<>> tSrS_next;
   WsCursor cur;
   float m_run[2], l_run[2];  // running max (log2 units, scaled) and per-thread partial sum
 
@@ -790,11 +770,11 @@ __device__ __forceinline__ void ws_seek_first_piece(const DecodeParams& p, Lens 
   st.cur.seek(meta, seqlens, b0);
 }
 
-// Q of batch bi's piece into registers (Q[:, :kQRegCols]) and smem (the rest), running max and sum
+// Q of st.cur's piece into registers (Q[:, :kQRegCols]) and smem (the rest), running max and sum
 // reset. first: the CTA's first piece (the producer waits for it before issuing more tiles).
 template <typename Cfg>
 __device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::SharedStorage& ss,
-                                          WsSoftmaxState<Cfg>& st, int bi, bool first) {
+                                          WsSoftmaxState<Cfg>& st, bool first) {
   using Element = typename Cfg::Element;
   constexpr int BM = Cfg::BLOCK_M, DV = Cfg::HEAD_DIM_V, kQRegCols = Cfg::kQRegCols;
   auto tSrQ32 = st.q32();
@@ -806,7 +786,7 @@ __device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::S
   // Every warp's S of the previous piece has completed (wgmma wait) before anyone
   // rewrites Q's smem part; Q's register part is thread-private.
   named_barrier_sync(kBarWG0, 128);
-  const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)bi * p.q_stride_b;
+  const Element* qb = reinterpret_cast<const Element*>(p.q) + (long long)st.cur.bi * p.q_stride_b;
   // Every load of Q is issued before any of them is used, so that they are in flight together:
   // waited one after another behind the KV tiles' TMA traffic, a CTA's first Q took ~10 us
   // (clock trace, 32/1/4096/16 on the H200). First the smem parts, by cp.async (no registers):
@@ -909,15 +889,15 @@ __device__ __forceinline__ void ws_load_q(const DecodeParams& p, typename Cfg::S
   }
 }
 
-// S(n) into tSrS, two commit groups (kSFirstGroupK), once tile n (cursor c's tile) has landed.
+// S(n) into st.tSrS, two commit groups (kSFirstGroupK), once tile n (st.cur's tile) has landed.
 // Not waited here.
-template <typename Cfg, typename FragS>
-__device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSoftmaxState<Cfg>& st, FragS& tSrS,
-                                           int n, const WsCursor& c) {
+template <typename Cfg>
+__device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSoftmaxState<Cfg>& st, int n) {
   using namespace cute;
   using Element = typename Cfg::Element;
   constexpr int BN = Cfg::BLOCK_N, D = Cfg::HEAD_DIM, DV = Cfg::HEAD_DIM_V, NS = Cfg::NUM_STAGES;
   auto& mma_rs = st.mma_rs;
+  auto& tSrS = st.tSrS;
   auto tSrQ32 = st.q32();
   const int tw = opaque(threadIdx.x % 128);
   const int stage = n % NS;
@@ -930,14 +910,14 @@ __device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSo
   if constexpr (Cfg::kSparse && !Cfg::kSparseFp8) fence_proxy_async_shared();
   if (n == 0 && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceTile0);
   // (Sparse rows are topk long, a multiple of BN: no tail.)
-  if (!Cfg::kKvFp8 && !Cfg::kSparse && c.tok + BN > c.L) {
+  if (!Cfg::kKvFp8 && !Cfg::kSparse && st.cur.tok + BN > st.cur.L) {
     // Tail tile: rows >= L were not loaded (other pages) or hold data past the sequence
     // end (possibly NaN). Zero them (all columns: WG1/WG2 read the V part) so that neither
     // S nor P V can pick up NaN.
     if constexpr (Cfg::kFp8) {
-      zero_chunk_rows_from<BN, Cfg::kColChunks, Cfg::kChunkRowBytes>(smem_addr(kv), c.L - c.tok, tw);
+      zero_chunk_rows_from<BN, Cfg::kColChunks, Cfg::kChunkRowBytes>(smem_addr(kv), st.cur.L - st.cur.tok, tw);
     } else {
-      zero_rows_from<BN, D>(smem_addr(kv), c.L - c.tok, tw);
+      zero_rows_from<BN, D>(smem_addr(kv), st.cur.L - st.cur.tok, tw);
     }
     fence_proxy_async_shared();
     named_barrier_sync(kBarWG0, 128);
@@ -981,9 +961,9 @@ __device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSo
 // then has the tensor cores (nearly) to itself, and P V(n - 1) runs during the rest of it and this
 // softmax (tile trace, H200: 4220 -> 3550 cycles per tile at h_q = 128 when published after all
 // of S).
-template <typename Cfg, typename FragS>
-__device__ __forceinline__ void ws_wait_s(typename Cfg::SharedStorage& ss, WsSoftmaxState<Cfg>& st, FragS& tSrS,
-                                          int tw, int& unpublished) {
+template <typename Cfg>
+__device__ __forceinline__ void ws_wait_s(typename Cfg::SharedStorage& ss, WsSoftmaxState<Cfg>& st, int tw,
+                                          int& unpublished) {
   fence_proxy_async_shared();
   if constexpr (Cfg::kSFirstGroupK > 0) cute::warpgroup_wait<1>();
   else cute::warpgroup_wait<0>();
@@ -993,16 +973,16 @@ __device__ __forceinline__ void ws_wait_s(typename Cfg::SharedStorage& ss, WsSof
     unpublished = -1;
   }
   if constexpr (Cfg::kSFirstGroupK > 0) cute::warpgroup_wait<0>();
-  cute::warpgroup_fence_operand(tSrS);
+  cute::warpgroup_fence_operand(st.tSrS);
   auto tSrQ32 = st.q32();
   cute::warpgroup_fence_operand(tSrQ32);
 }
 
 // Mask and online softmax of S(n) in place: st.tSrS becomes P (not yet divided by l), the running
 // max and sum move, sc gets the O rescale of the tile for the thread's two rows.
-template <typename Cfg, typename FragS>
-__device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState<Cfg>& st, FragS& tSrS, int row0,
-                                           int col_lane, float (&sc)[2], float scale_log2, const int* valid_words) {
+template <typename Cfg>
+__device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState<Cfg>& st, int row0, int col_lane,
+                                           float (&sc)[2], float scale_log2, const int* valid_words) {
   constexpr int BN = Cfg::BLOCK_N;
   const int m_block = blockIdx.z;
   WsCursor& cur = st.cur;
@@ -1015,16 +995,16 @@ __device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState
 #pragma unroll
     for (int h = 0; h < Cfg::kRowHalves; ++h) lim[h] = visible_keys(p, cur.L, ws_query_row<Cfg>(m_block, row0 + 8 * h));
     // A select, so NaN never survives.
-    mask_invisible(tSrS, cur.tok, col_lane, lim);
+    mask_invisible(st.tSrS, cur.tok, col_lane, lim);
   }
   // Sparse: tokens whose index was invalid (zero rows) or past the row's topk_length.
   if constexpr (Cfg::kSparse) {
     const unsigned lo = valid_words[0], hi = valid_words[1];
     if ((lo & hi) != 0xffffffffu) {
 #pragma unroll
-      for (int i = 0; i < cute::size(tSrS); ++i) {
+      for (int i = 0; i < cute::size(st.tSrS); ++i) {
         const int c = (i / 4) * 8 + col_lane + (i & 1);  // (i / 4 < 4: c < 32)
-        if (!(((i / 4 < 4 ? lo : hi) >> (c & 31)) & 1u)) tSrS(i) = -kInf;
+        if (!(((i / 4 < 4 ? lo : hi) >> (c & 31)) & 1u)) st.tSrS(i) = -kInf;
       }
     }
   }
@@ -1036,14 +1016,14 @@ __device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState
   if constexpr (Cfg::kCompactRows) sc[1] = 1.f;   // the padding half's O rescale
 #pragma unroll
   for (int h = 0; h < Cfg::kRowHalves; ++h) {
-    const float mx = row_max(tSrS, h) * scale_log2;
+    const float mx = row_max(st.tSrS, h) * scale_log2;
     // -inf + 8 is -inf: a row's first visible key always moves it; an all-masked tile never.
     const bool move = mx > st.m_run[h] + kLazy;
     const float m_new = move ? mx : st.m_run[h];
     const float m_use = m_new == -kInf ? 0.f : m_new;  // avoid (-inf) - (-inf)
     sc[h] = move ? ex2_approx(st.m_run[h] - m_use) : 1.f;
     st.m_run[h] = m_new;
-    const float sum = exp2_row(tSrS, h, scale_log2, m_use);
+    const float sum = exp2_row(st.tSrS, h, scale_log2, m_use);
     st.l_run[h] = st.l_run[h] * sc[h] + sum;
   }
 }
@@ -1051,9 +1031,9 @@ __device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState
 // Piece end (the piece's last tile): l and the rows' lse2 (log2 units, -inf for a row without
 // keys); P and the O rescale of this tile are scaled by 1/l, so O comes out normalized. e4m3: P
 // stays as it is and fin gets 1/l times v_scale (the cache's descale), which O gets after P V.
-template <typename Cfg, typename FragS>
-__device__ __forceinline__ void ws_finish_rows(const DecodeParams& p, WsSoftmaxState<Cfg>& st, FragS& tSrS, int row0,
-                                               float (&sc)[2], float (&lse2)[2], float (&fin)[2], float v_scale) {
+template <typename Cfg>
+__device__ __forceinline__ void ws_finish_rows(const DecodeParams& p, WsSoftmaxState<Cfg>& st, int row0, float (&sc)[2],
+                                               float (&lse2)[2], float (&fin)[2], float v_scale) {
   // Sparse, a piece that is its batch's only split: out is final, the attention sink applies here
   // (else the combine kernel applies it).
   bool single = false;
@@ -1076,18 +1056,17 @@ __device__ __forceinline__ void ws_finish_rows(const DecodeParams& p, WsSoftmaxS
         if (single && r < p.rows) f *= sink_factor(p, query_row(p, blockIdx.y, r).head, lse2[h]);
       }
       sc[h] *= f;
-      scale_row(tSrS, h, f);
+      scale_row(st.tSrS, h, f);
     }
   }
 }
 
 // Hands P(n) to WG1/WG2 through stage `stage`'s slots: P, the O rescale, the tile's info. Not
-// published here (ws_wait_s of the next tile, or ws_publish_p at a piece's last tile; S ahead:
-// ws_publish_p at once).
-template <typename Cfg, typename FragS>
-__device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSoftmaxState<Cfg>& st, const FragS& tSrS,
-                                           int tw, int row0, int stage, const float (&sc)[2], const float (&fin)[2],
-                                           bool last, int tile) {
+// published here (ws_wait_s of the next tile, or ws_publish_p at a piece's last tile).
+template <typename Cfg>
+__device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSoftmaxState<Cfg>& st, int tw, int row0,
+                                           int stage, const float (&sc)[2], const float (&fin)[2], bool last,
+                                           int tile) {
   using Element = typename Cfg::Element;
   constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
   Element* kv = ss.kv[stage];
@@ -1099,9 +1078,9 @@ __device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSo
     pbuf = ss.aux + (Cfg::kEarlyRelease ? tile & 1 : stage) * (BM * BN);
   }
   if constexpr (Cfg::kFp8) {
-    store_p_e4m3_sw64<Cfg::kRowHalves>(smem_addr(pbuf), tw, tSrS);
+    store_p_e4m3_sw64<Cfg::kRowHalves>(smem_addr(pbuf), tw, st.tSrS);
   } else {
-    store_acc_sw128_stsm<Element, 64>(smem_addr(pbuf), tw, tSrS);
+    store_acc_sw128_stsm<Element, 64>(smem_addr(pbuf), tw, st.tSrS);
   }
   if ((tw & 3) == 0) {   // (compact rows: the padding half's scale is 1, so the P V side's skip test holds)
 #pragma unroll
@@ -1147,75 +1126,6 @@ __device__ __forceinline__ void ws_publish_p(typename Cfg::SharedStorage& ss, in
   if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[stage]);
 }
 
-// S ahead (Cfg::kSAhead, e4m3), the softmax of tile n once S(n) (in `cur`) is waited: mask, softmax,
-// P(n) stored and published at once, and at a piece end its lse.
-template <typename Cfg, typename FragS>
-__device__ __forceinline__ void ws_s_ahead_softmax(const DecodeParams& p, typename Cfg::SharedStorage& ss,
-                                                   WsSoftmaxState<Cfg>& st, FragS& cur, int n, bool piece_end,
-                                                   float scale_log2, float v_scale) {
-  constexpr int NS = Cfg::NUM_STAGES;
-  const int tw = opaque(threadIdx.x % 128);
-  const int row0 = ws_row0(tw), col_lane = ws_col_lane(tw);
-  const int stage = n % NS;
-  float sc[2];  // O rescale of this tile
-  ws_softmax<Cfg>(p, st, cur, row0, col_lane, sc, scale_log2, ss.tile_valid);
-  float lse2[2] = {-kInf, -kInf}, fin[2];
-  if (piece_end) ws_finish_rows<Cfg>(p, st, cur, row0, sc, lse2, fin, v_scale);
-  // P(n)'s slot held P(n - 2): see the early stage release.
-  if (n >= 2) mbarrier_wait(&ss.pv_done[(n - 2) % NS], ((n - 2) / NS) & 1);
-  ws_store_p<Cfg>(ss, st, cur, tw, row0, stage, sc, fin, piece_end, n);
-  if (piece_end && (tw & 3) == 0) ws_store_lse<Cfg>(p, st, row0, lse2);
-  ws_publish_p<Cfg>(ss, tw, stage);
-  if (tw == 0) WsPhaseTrace::mark(n, 3);
-}
-
-// S ahead, tile n: S(n) (in `cur`) waited and its stage freed; then S(n + 1) into `nxt` before the
-// softmax of n, except at a piece end, whose softmax (and P, lse) comes first so that the P V
-// warpgroups are not held up by the next piece's walk, Q load and bytes; that piece's Q (the
-// registers are free: S(n) done, nothing in flight) and its first S follow. Returns false at the
-// CTA's last tile (after its softmax, before any issue).
-template <typename Cfg, typename Lens, typename FragS>
-__device__ __forceinline__ bool ws_s_ahead_step(const DecodeParams& p, Lens seqlens, typename Cfg::SharedStorage& ss,
-                                                WsSoftmaxState<Cfg>& st, FragS& cur, FragS& nxt, int n,
-                                                float scale_log2, float v_scale) {
-  constexpr int BN = Cfg::BLOCK_N;
-  const int tw = opaque(threadIdx.x % 128);
-  int none = -1;
-  ws_wait_s<Cfg>(ss, st, cur, tw, none);
-  ws_release_stage<Cfg>(ss.stage_free, n % Cfg::NUM_STAGES, tw % 32);  // S read K(n)
-  if (tw == 0) WsPhaseTrace::mark(n, 2);
-  const bool piece_end = st.cur.tok + BN >= st.cur.stop;
-  if (piece_end) ws_s_ahead_softmax<Cfg>(p, ss, st, cur, n, true, scale_log2, v_scale);
-  WsCursor next = st.cur;
-  if (piece_end) {
-    next.seek(ws_meta(p), seqlens, st.cur.bi + 1);
-    if (!next.valid()) return false;
-    ws_load_q<Cfg>(p, ss, st, next.bi, false);
-  } else {
-    next.tok += BN;
-  }
-  ws_issue_s<Cfg>(ss, st, nxt, n + 1, next);
-  if (!piece_end) ws_s_ahead_softmax<Cfg>(p, ss, st, cur, n, false, scale_log2, v_scale);
-  st.cur = next;
-  return true;
-}
-
-// WG0's loop with S ahead: every wgmma issue is unconditional within a step (issued under a branch,
-// a wgmma serializes every wgmma of the kernel: ptxas C7518); unrolled by two, so that the two S
-// accumulators swap roles statically.
-template <typename Cfg, typename Lens>
-__device__ __forceinline__ void ws_softmax_loop_s_ahead(const DecodeParams& p, Lens seqlens,
-                                                        typename Cfg::SharedStorage& ss, WsSoftmaxState<Cfg>& st,
-                                                        float scale_log2, float v_scale) {
-  if (!st.cur.valid()) return;
-  ws_load_q<Cfg>(p, ss, st, st.cur.bi, true);
-  ws_issue_s<Cfg>(ss, st, st.tSrS, 0, st.cur);
-  for (int n = 0;; n += 2) {
-    if (!ws_s_ahead_step<Cfg>(p, seqlens, ss, st, st.tSrS, st.tSrS_next, n, scale_log2, v_scale)) break;
-    if (!ws_s_ahead_step<Cfg>(p, seqlens, ss, st, st.tSrS_next, st.tSrS, n + 1, scale_log2, v_scale)) break;
-  }
-}
-
 // WG0's role: per tile, S = Q K^T, mask and online softmax, P into the stage's slots; the walk
 // over the CTA's pieces and the lse of each finished one.
 template <typename Cfg, typename Lens>
@@ -1236,59 +1146,55 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, Lens
     fp8_v_scale = __ldg(p.descale_k);
     fp8_scale_log2 = p.scale_log2 * __ldg(p.descale_q) * fp8_v_scale;
   }
-  if constexpr (Cfg::kSAhead) {
-    ws_softmax_loop_s_ahead<Cfg>(p, seqlens, ss, st, fp8_scale_log2, fp8_v_scale);
-  } else {
-    bool piece_start = true;
-    int unpublished = -1;  // stage whose P is stored but not yet published (ws_wait_s of the next tile does)
-    // Per tile: S(n) is issued first, and the loop's bookkeeping comes after the wait for it (off
-    // WG0's chain S -> softmax -> P store -> S, which is the tile period).
-    for (int n = 0; st.cur.valid(); ++n) {
-      if (piece_start) {
-        ws_load_q<Cfg>(p, ss, st, st.cur.bi, n == 0);
-        piece_start = false;
-      }
-      ws_issue_s<Cfg>(ss, st, st.tSrS, n, st.cur);
-      const int tw = opaque(threadIdx.x % 128);
-      const int row0 = ws_row0(tw), col_lane = ws_col_lane(tw);
-      const int stage = n % NS;
+  int unpublished = -1;  // stage whose P is stored but not yet published (ws_wait_s of the next tile does)
+  bool piece_start = true;
+  // Per tile: S(n) is issued first, and the loop's bookkeeping comes after the wait for it (off
+  // WG0's chain S -> softmax -> P store -> S, which is the tile period).
+  for (int n = 0; st.cur.valid(); ++n) {
+    if (piece_start) {
+      ws_load_q<Cfg>(p, ss, st, n == 0);
+      piece_start = false;
+    }
+    ws_issue_s<Cfg>(ss, st, n);
+    const int tw = opaque(threadIdx.x % 128);
+    const int row0 = ws_row0(tw), col_lane = ws_col_lane(tw);
+    const int stage = n % NS;
 
-      ws_wait_s<Cfg>(ss, st, st.tSrS, tw, unpublished);
-      if constexpr (Cfg::kEarlyRelease) ws_release_stage<Cfg>(ss.stage_free, stage, tw % 32);  // S read K(n)
-      if ((Cfg::kSparse || Cfg::kFp8) && tw == 0) WsPhaseTrace::mark(n, 2);
-      float sc[2];  // O rescale of this tile
-      ws_softmax<Cfg>(p, st, st.tSrS, row0, col_lane, sc, Cfg::kDescaled ? fp8_scale_log2 : p.scale_log2,
-                      ss.tile_valid + (Cfg::kSparse ? 2 * (n % Cfg::kFlagSlots) : 0));
-      const bool last = st.cur.tok + BN >= st.cur.stop;
-      float lse2[2] = {-kInf, -kInf}, fin[2];
-      if (last) ws_finish_rows<Cfg>(p, st, st.tSrS, row0, sc, lse2, fin, fp8_v_scale);
-      if constexpr (Cfg::kEarlyRelease) {
-        // P(n)'s slot held P(n - 2): both P V warpgroups are done with it (and with tile n - 2's
-        // row_scale / info, read before their arrival; stage n % NS's are rewritten only at n + NS).
-        if (n >= 2) mbarrier_wait(&ss.pv_done[(n - 2) % NS], ((n - 2) / NS) & 1);
-      }
-      ws_store_p<Cfg>(ss, st, st.tSrS, tw, row0, stage, sc, fin, last, n);
+    ws_wait_s<Cfg>(ss, st, tw, unpublished);
+    if constexpr (Cfg::kEarlyRelease) ws_release_stage<Cfg>(ss.stage_free, stage, tw % 32);  // S read K(n)
+    if ((Cfg::kSparse || Cfg::kFp8) && tw == 0) WsPhaseTrace::mark(n, 2);
+    float sc[2];  // O rescale of this tile
+    ws_softmax<Cfg>(p, st, row0, col_lane, sc, Cfg::kDescaled ? fp8_scale_log2 : p.scale_log2,
+                    ss.tile_valid + (Cfg::kSparse ? 2 * (n % Cfg::kFlagSlots) : 0));
+    const bool last = st.cur.tok + BN >= st.cur.stop;
+    float lse2[2] = {-kInf, -kInf}, fin[2];
+    if (last) ws_finish_rows<Cfg>(p, st, row0, sc, lse2, fin, fp8_v_scale);
+    if constexpr (Cfg::kEarlyRelease) {
+      // P(n)'s slot held P(n - 2): both P V warpgroups are done with it (and with tile n - 2's
+      // row_scale / info, read before their arrival; stage n % NS's are rewritten only at n + NS).
+      if (n >= 2) mbarrier_wait(&ss.pv_done[(n - 2) % NS], ((n - 2) / NS) & 1);
+    }
+    ws_store_p<Cfg>(ss, st, tw, row0, stage, sc, fin, last, n);
 
-      if constexpr (Cfg::kFusedCombine) {
-        if (last && (tw & 3) == 0) ws_store_lse<Cfg>(p, st, row0, lse2);
+    if constexpr (Cfg::kFusedCombine) {
+      if (last && (tw & 3) == 0) ws_store_lse<Cfg>(p, st, row0, lse2);
+    }
+    // Published after S(n + 1) (in ws_wait_s, which fences the P stores while S runs), except at
+    // a piece's last tile: the P V warpgroups then store O, and the next piece's first S waits for
+    // its Q anyway.
+    // KV_FP8: every P at once. The P V warpgroups de-quantize tile n + 1 before P V(n), and
+    // S(n + 1) waits for that: P(n) held back until S(n + 1) started would serialize the three.
+    if (last || Cfg::kDequantInPv) ws_publish_p<Cfg>(ss, tw, stage);
+    if ((Cfg::kSparse || Cfg::kFp8) && tw == 0) WsPhaseTrace::mark(n, 3);
+    if (last) {
+      if constexpr (!Cfg::kFusedCombine) {
+        if ((tw & 3) == 0) ws_store_lse<Cfg>(p, st, row0, lse2);
       }
-      // Published after S(n + 1) (in ws_wait_s, which fences the P stores while S runs), except at
-      // a piece's last tile: the P V warpgroups then store O, and the next piece's first S waits for
-      // its Q anyway.
-      // KV_FP8: every P at once. The P V warpgroups de-quantize tile n + 1 before P V(n), and
-      // S(n + 1) waits for that: P(n) held back until S(n + 1) started would serialize the three.
-      if (last || Cfg::kDequantInPv) ws_publish_p<Cfg>(ss, tw, stage);
-      if ((Cfg::kSparse || Cfg::kFp8) && tw == 0) WsPhaseTrace::mark(n, 3);
-      if (last) {
-        if constexpr (!Cfg::kFusedCombine) {
-          if ((tw & 3) == 0) ws_store_lse<Cfg>(p, st, row0, lse2);
-        }
-        piece_start = true;
-        st.cur.seek(ws_meta(p), seqlens, st.cur.bi + 1);
-      } else {
-        if constexpr (!Cfg::kDequantInPv) unpublished = stage;
-        st.cur.tok += BN;
-      }
+      piece_start = true;
+      st.cur.seek(ws_meta(p), seqlens, st.cur.bi + 1);
+    } else {
+      if constexpr (!Cfg::kDequantInPv) unpublished = stage;
+      st.cur.tok += BN;
     }
   }
   if (threadIdx.x == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceWg0Done);
@@ -1467,24 +1373,6 @@ __device__ __forceinline__ int ws_count_tiles(const DecodeParams& p, Lens seqlen
 // P V, a piece's last tile multiplies O by the rows' final factor (1/l times the descale).
 // The stage (early release: this CTA's P slot) is released by one arrival per warp (ws_release_stage).
 
-// e4m3: this warpgroup's V half of the tile in `stage` (use parity `phase`) into V^T buffer vt_buf,
-// once it has landed; the stage's last read by this warpgroup (stage_free), then every warp's
-// V^T stores before any of them issues the P V that reads them (named barrier).
-template <typename Cfg>
-__device__ __forceinline__ void ws_transpose_v(typename Cfg::SharedStorage& ss, int stage, uint32_t phase, int half,
-                                               int tid_wg, int lane, int vt_buf, int tile) {
-  constexpr int BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
-  auto* v_half = ss.vt + (vt_buf * 2 + half) * (DV / 2 * BN);
-  if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 4);
-  mbarrier_wait(&ss.full[stage], phase);
-  transpose_v_half_e4m3<BN>(smem_addr(ss.kv[stage] + half * (DV / 2) * BN), smem_addr(v_half), ss.tile_valid[stage],
-                            tid_wg);
-  fence_proxy_async_shared();  // read by wgmma (async proxy)
-  if constexpr (Cfg::kEarlyRelease) ws_release_stage<Cfg>(ss.stage_free, stage, lane);  // V read: its last use
-  named_barrier_sync(kBarVt + half, 128);
-  if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 5);
-}
-
 // during: work of the thread's own (no O, no wgmma) done while the P V wgmma runs.
 template <typename Cfg, typename TiledMmaO, typename FragO, typename During>
 __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss, TiledMmaO& mma_o, FragO& tOrO,
@@ -1496,8 +1384,13 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
   Element* v_half;
   if constexpr (Cfg::kFp8) {
     v_half = ss.vt + (vt_buf * 2 + half) * (DV / 2 * BN);
-    // (V^T ahead: transposed beside the previous tile's P V, or before the loop.)
-    if constexpr (!Cfg::kVtAhead) ws_transpose_v<Cfg>(ss, stage, phase, half, tid_wg, lane, vt_buf, tile);
+    if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 4);
+    mbarrier_wait(&ss.full[stage], phase);
+    transpose_v_half_e4m3<BN>(smem_addr(kv + half * (DV / 2) * BN), smem_addr(v_half), ss.tile_valid[stage], tid_wg);
+    fence_proxy_async_shared();  // read by wgmma (async proxy)
+    if constexpr (Cfg::kEarlyRelease) ws_release_stage<Cfg>(ss.stage_free, stage, lane);  // V read: its last use
+    named_barrier_sync(kBarVt + half, 128);
+    if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 5);
     mbarrier_wait(&ss.p_full[stage], phase);
     if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 6);
   } else {
@@ -1685,9 +1578,6 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
     }
   }
 
-  if constexpr (Cfg::kVtAhead) {
-    if (num_tiles > 0) ws_transpose_v<Cfg>(ss, 0, 0u, half, tid_wg, tid_wg % 32, 0, 0);
-  }
   int stage = 0;
   uint32_t phase = 0;
   bool fresh = true;  // first tile of a piece: the P V wgmma overwrites O (scale-d = 0)
@@ -1731,16 +1621,6 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
     // FP8 records: tile n + 2's gather (into the slot tile n + 1 just left) and n + 3's index while P V(n)
     // runs on the tensor cores: off the path from the de-quantization to the next one.
     auto during_pv = [&] {
-      if constexpr (Cfg::kVtAhead) {
-        // V(n + 1) into the other V^T buffer, whose last reader was P V(n - 1): the barrier makes
-        // sure every warp of the warpgroup has waited for it (a warp's wait covers its own part).
-        if (n + 1 < num_tiles) {
-          named_barrier_sync(kBarVt + half, 128);
-          const bool wrap = stage + 1 == NS;
-          ws_transpose_v<Cfg>(ss, wrap ? 0 : stage + 1, wrap ? phase ^ 1u : phase, half, tw, tw % 32, (n + 1) & 1,
-                              n + 1);
-        }
-      }
       if constexpr (Cfg::kEarlyRelease) {
         // Stage n is free once S(n) and the V^T transpositions have read it (stage_free), and P V(n)
         // reads only V^T and P: its refill with tile n + NS runs beside P V(n), off the P V chain.
