@@ -127,12 +127,6 @@ __device__ __forceinline__ void issue_pv_half(TiledMmaO& mma_o, int tw, typename
 // 9 + 2q. P V sums over tokens, so P's columns are stored in the same slot order and the product
 // is unchanged.
 
-// Byte column (slot) of even token t (t, t + 1 share a 16-bit store) within a 64-token row.
-__device__ __forceinline__ int pv_slot_of_even_token(int t) {
-  const int tl = t % 16;
-  return (t / 16) * 16 + (tl < 8 ? 2 * tl : 2 * (tl - 8) + 2);
-}
-
 // Byte offset of (row r, byte column c) in a K-major 64-byte-row tile with the 64B swizzle
 // (CuTe's Layout_K_SW64_Atom for 8-bit elements: 16-byte chunk c / 16 XOR (r / 2) % 4).
 __device__ __forceinline__ uint32_t sw64_offset(int r, int c) {
@@ -140,17 +134,29 @@ __device__ __forceinline__ uint32_t sw64_offset(int r, int c) {
 }
 
 // P (thread tw's part of a 64 x 64 fp32 accumulator fragment) as e4m3 into a 64 x 64 K-major SW64
-// slab, columns in the slot order above: one 16-bit store per row and 8-token group (two tokens).
-// HALVES 1: only the thread's first row (row0; row0 + 8 is padding: compact rows).
+// slab, columns in the slot order above. Tokens 8j + c, + 1 (j even) and 8j + 8 + c, + 1 (c =
+// col_lane) land in slots 16 (j / 2) + 2c .. + 3: one 32-bit word, and the words of 8 rows in one
+// 16-byte chunk are an 8 x 8 16-bit matrix in stmatrix's fragment order. So a warp's 16 rows x 4
+// chunks are two stmatrix .x4 (matrix m: rows + 8 (m & 1), chunk 2q + (m >> 1)): 16 scattered
+// 16-bit stores and their per-tile address arithmetic took ~150 instructions of the softmax
+// warpgroup's chain. HALVES 1 (compact rows): row0 + 8 is padding, written as zeros.
 template <int HALVES = 2, typename Frag>
 __device__ __forceinline__ void store_p_e4m3_sw64(uint32_t slab, int tw, const Frag& s) {
-  const int row0 = (tw / 32) * 16 + (tw % 32) / 4, col_lane = (tw % 4) * 2;
+  static_assert(cute::size(Frag{}) == 32, "a 64 x 64 accumulator fragment");
+  const int lane = tw % 32, m = lane / 8;
+  const int row = (tw / 32) * 16 + (m & 1) * 8 + lane % 8;  // the row this lane addresses
+  const uint32_t row_addr = slab + uint32_t(row * 64);
+  const int sw = (row >> 1) & 3;                            // SW64: chunk index XOR (row / 2) % 4
+  auto word = [&](int k, int h) -> uint32_t {               // chunk k, row half h of this thread
+    if (h >= HALVES) return 0u;
+    const int j = 2 * k;
+    return uint32_t(pack_e4m3x2(s(j * 4 + h * 2), s(j * 4 + h * 2 + 1))) |
+           (uint32_t(pack_e4m3x2(s(j * 4 + 4 + h * 2), s(j * 4 + 5 + h * 2))) << 16);
+  };
 #pragma unroll
-  for (int j = 0; j < cute::size(s) / 4; ++j) {
-    const int c = pv_slot_of_even_token(j * 8 + col_lane);
-#pragma unroll
-    for (int h = 0; h < HALVES; ++h)
-      st_shared_u16(slab + sw64_offset(row0 + 8 * h, c), pack_e4m3x2(s(j * 4 + h * 2), s(j * 4 + h * 2 + 1)));
+  for (int q = 0; q < 2; ++q) {
+    const uint32_t addr = row_addr + uint32_t((((2 * q + (m >> 1)) ^ sw) & 3) << 4);
+    stmatrix_x4(addr, word(2 * q, 0), word(2 * q, 1), word(2 * q + 1, 0), word(2 * q + 1, 1));
   }
 }
 
