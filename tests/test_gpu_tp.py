@@ -10,6 +10,7 @@ and checks them against its own 128-head call and the float32 reference.
 - Four ranks on one GPU starting together on a cold shared writable root: each kernel is compiled
   by exactly one rank, and every rank's results pass rank 0's checks.
 """
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,13 +31,18 @@ def _snapshot(root: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def shared_root(tmp_path_factory):
-    """The session's writable root, holding every kernel the ranks need (the warm run compiles what
-    is missing); the ranks see it only as a read-only root."""
+    """A copy of the session's writable root, holding every kernel the ranks need (the warm run
+    compiles what is missing); the ranks see it only as a read-only root. A copy: other test
+    processes (pytest-xdist) keep publishing kernels into the session's root while the ranks run,
+    which the no-write check would take for the ranks' writes. Entries appear by a rename, so the
+    copy holds only whole ones."""
     out = tmp_path_factory.mktemp("warm")
     run = subprocess.run([sys.executable, str(RANK_SCRIPT), "warm", str(out), "2"], cwd=REPO,
                          capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
-    return jit_env.cache_dir()
+    shared = tmp_path_factory.mktemp("shared") / "root"
+    shutil.copytree(jit_env.cache_dir(), shared, ignore=shutil.ignore_patterns(".locks", ".staging"))
+    return shared
 
 
 def _run_ranks(shared: Path, tmp_path: Path, backend: str) -> list[dict]:
