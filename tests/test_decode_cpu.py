@@ -34,7 +34,8 @@ def test_every_supported_config_renders():
             # 3 stages, or 2 (and 2 landing slots) over an e4m3 cache
             assert f"{page}, 64, 64, {2 if kv else 3}, {tail}, {'true' if kv else 'false'},\n" in src.source
             chunks = d // 64 if page >= 64 else 1   # a page per tile: one TMA load a tile
-            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false," in src.source and f"/*CHUNKS_PER_LOAD=*/{chunks}>" in src.source
+            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false," in src.source
+            assert f"/*CHUNKS_PER_LOAD=*/{chunks}, /*PV_REGS=*/false>" in src.source
             # The fused-combine kernel ships without the combine kernel.
             assert ("mla_jit_decode_combine(" in src.source) == combine
             assert family.entry_points(cfg)[1:] == (("mla_jit_decode_combine",) if combine else ())
@@ -222,12 +223,25 @@ def test_tile_wide_tma_box_view_and_config():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("page,schedule,cluster_m,rows", [(64, "ws_unfused", 2, None), (16, "ws", 1, 16)])
+def test_fp8_pv_regs_kernels_compile(page, schedule, cluster_m, rows, cache_root, monkeypatch):
+    """MLA_JIT_SM90_FP8_PV=regs (not yet the default): renders and compiles with no wgmma serialized
+    (it spills a few scalars of the P V loop: bench/NOTES.md, session 36)."""
+    monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
+    cfg = decode_config("e4m3", 576, 512, page, SM90.tuning, schedule, cluster_m, None, rows, "regs")
+    assert cfg.pv_regs and not decode_config("bf16", 576, 512, page, SM90.tuning, pv="regs").pv_regs
+    assert "/*PV_REGS=*/true>" in registry.get("mla_decode_sm90").source(cfg, SM90).source
+    binary = build(registry.get("mla_decode_sm90").source(cfg, SM90))
+    assert not any(code in binary.log for code in ("C7512", "C7515", "C7517", "C7518", "C7520")), binary.log
+
+
+@pytest.mark.slow
 def test_fp8_clustered_tile_box_kernel_compiles_without_spills(cache_root, monkeypatch):
     """The e4m3 kernel (early stage release) with a TMA load a group of 3 chunks, clustered."""
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
     cfg = decode_config("e4m3", 576, 512, 64, SM90.tuning, "ws_unfused", 2)
     assert cfg.chunks_per_load == 3
-    assert "/*CHUNKS_PER_LOAD=*/3>" in registry.get("mla_decode_sm90").source(cfg, SM90).source
+    assert "/*CHUNKS_PER_LOAD=*/3, /*PV_REGS=*/false>" in registry.get("mla_decode_sm90").source(cfg, SM90).source
     _assert_compiles_clean("mla_decode_sm90", cfg)
 
 

@@ -390,7 +390,7 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
           int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int CLUSTER_M_ = 1,
           bool KV_FP8_ = false, int SPARSE_KV_ = 0, bool COMPACT_ROWS_ = false, int S_FIRST_GROUP_K_ = 18,
-          typename RECORD_ = V32Record, int CHUNKS_PER_LOAD_ = 1>
+          typename RECORD_ = V32Record, int CHUNKS_PER_LOAD_ = 1, bool PV_REGS_ = false>
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_>;
   using Element = Element_;
@@ -452,6 +452,11 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // tile parity (aux) and whose end (pv_done) WG0 waits before reusing a P slot. See "Synchronization".
   // H200, interleaved against the release after P V: 1.01-1.05x on the FP8 rows (bench/NOTES.md, session 35).
   static constexpr bool kEarlyRelease = kFp8;
+  // e4m3, a candidate (MLA_JIT_SM90_FP8_PV=regs): O^T = V^T P^T, V^T the register A operand built
+  // straight from the K tile (ldmatrix .trans + byte permutes, no V^T buffers, no stmatrix, no
+  // barrier), P's slab the B operand; O^T's columns are the query rows (ws_pv_tile_regs).
+  static constexpr bool kPvRegs = kFp8 && PV_REGS_;
+  static_assert(!PV_REGS_ || kFp8, "the register V^T operand: e4m3 q and cache");
   // Column chunks a TMA load covers: 1 (a 3-D box of 64 columns, kColChunks loads a tile), or more
   // (pages >= 64: a 4-D box whose outermost dimension is the chunk, so that one load writes the
   // chunk-major slabs of that many chunks; the H200 trace gave the 9 issues of an e4m3 d = 576 tile
@@ -512,6 +517,10 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   using TiledMmaSSs = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<64>>>()));
+  // kPvRegs: O^T (64 dv a wgmma, the rows as N) += V^T (registers) P^T (P's slab, K-major as stored).
+  using TiledMmaOt = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::Int<64>, cute::Int<BLOCK_M>, cute::Int<BLOCK_N>>>()));
 
   // KV_FP8: tile n lands in slot n % NUM_STAGES (the cache's e4m3 bytes) and is de-quantized into
   // kv[n % NUM_STAGES]. A base class, empty otherwise: the 16-bit kernels have no byte to spare.
@@ -534,7 +543,10 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     alignas(256) Element q16[kFp8 ? 16 : BLOCK_M * 16];  // Q[:, kQRegCols:DV] (16-bit)
     // e4m3: V^T of the two halves, double-buffered by tile parity (ws_transpose_v_half). At the
     // end of q16, which ends 1024-aligned: 2 bytes for the 16-bit kernels, which have no slack.
-    alignas(1024) Element vt[kFp8 ? 2 * HEAD_DIM_V * BLOCK_N : 1];
+    alignas(1024) Element vt[kFp8 && !kPvRegs ? 2 * HEAD_DIM_V * BLOCK_N : 1];
+    // kPvRegs: whether any row of WG0's warp w rescaled O in the tile of stage s (O^T's columns are
+    // every row: one 16-byte read tells the P V thread whether to load its 16 rows' scales).
+    alignas(16) int tile_rescale[kPvRegs ? NUM_STAGES : 1][4];
     // O rescale of the tile in stage s: exp2(m_old - m_new), times 1/l at the last tile of a piece
     // (whose P is scaled by 1/l as well, so the P V warpgroups store O as it is). e4m3: P stays
     // unnormalized (P / l would fall below e4m3's range), and [BLOCK_M + row] holds the factor O
@@ -1082,6 +1094,10 @@ __device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSo
   } else {
     store_acc_sw128_stsm<Element, 64>(smem_addr(pbuf), tw, st.tSrS);
   }
+  if constexpr (Cfg::kPvRegs) {
+    const bool any = __any_sync(0xffffffffu, sc[0] != 1.f || sc[1] != 1.f);
+    if (tw % 32 == 0) ss.tile_rescale[stage][tw / 32] = any;
+  }
   if ((tw & 3) == 0) {   // (compact rows: the padding half's scale is 1, so the P V side's skip test holds)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -1441,6 +1457,161 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
   return info;
 }
 
+// ---- kPvRegs: O^T = V^T P^T with V^T in registers ----
+// Warp w of a P V warpgroup owns dv 16w .. 16w + 15 of each of its half's four 64-dv chunks (the
+// M blocks of O^T). Per chunk and 32-token k-step one ldmatrix .x4 .trans (matrix i: tokens 8i ..
+// 8i + 7 of the step, the warp's 16 dv bytes) gives lane l (p = l / 4, q = l % 4) dv bytes 2p, 2p + 1
+// of tokens 2q, 2q + 1 per matrix, and two byte permutes per matrix pair give dv 2p (and 2p + 1) of
+// tokens {2q, 2q + 1, 8 + 2q, 9 + 2q}: the A fragment's registers of row p (and p + 8) in the slot
+// order P is stored in (store_p_e4m3_sw64). So O^T's row p of the warp's 16 is dv 16w + 2p, row
+// p + 8 is dv 16w + 2p + 1: a thread holds adjacent dv pairs. Tokens >= valid become 0 (rows past a
+// sequence's end may hold NaN).
+template <typename Cfg, typename FragA>
+__device__ __forceinline__ void ws_load_vt_frag(uint32_t kv_half, int mb, int valid, int tw, FragA& tOrA) {
+  constexpr int BN = Cfg::BLOCK_N;
+  static_assert(BN == 64, "two 32-token k-steps");
+  const int lane = tw % 32, w = tw / 32, i = lane / 8, rr = lane % 8, q = lane % 4;
+  // Row 32 ks + 8 i + rr of chunk slab mb, byte column 16 w (SW64: chunk XOR (row / 2) % 4, and
+  // (32 ks + 8 i) / 2 % 4 == 0): a per-lane base plus immediates.
+  const uint32_t base = kv_half + uint32_t((8 * i + rr) * 64 + (((w ^ (rr >> 1)) & 3) << 4));
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    uint32_t r[4];
+    ldmatrix_x4_trans(base + uint32_t(mb * BN * 64 + ks * 32 * 64), r);
+    if (valid < BN) {  // a sequence's last tile (uniform)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int t = 32 * ks + 8 * j + 2 * q;
+        r[j] &= (t < valid ? 0xffffu : 0u) | (t + 1 < valid ? 0xffff0000u : 0u);
+      }
+    }
+    auto a = cute::recast<uint32_t>(tOrA(cute::_, 0, ks));
+    a(0) = byte_perm(r[0], r[1], 0x6420);
+    a(1) = byte_perm(r[0], r[1], 0x7531);
+    a(2) = byte_perm(r[2], r[3], 0x6420);
+    a(3) = byte_perm(r[2], r[3], 0x7531);
+  }
+}
+
+// O^T's columns of this thread (tile rows 8j + 2q + e, j < 8, e < 2) times the 16 factors at f
+// (row_scale of a stage: the O rescale, or at BLOCK_M the piece's final factor).
+template <typename FragO>
+__device__ __forceinline__ void ws_scale_ot_columns(FragO& tOrO, const float* f, int q) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 c = *reinterpret_cast<const float2*>(f + 8 * j + 2 * q);
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        tOrO(32 * mb + 4 * j + 2 * h) *= c.x;
+        tOrO(32 * mb + 4 * j + 2 * h + 1) *= c.y;
+      }
+    }
+  }
+}
+
+// ws_pv_tile for kPvRegs: the tile's V^T into registers as soon as it has landed, the stage released
+// (its last reader), then O^T (+)= V^T P^T once P is published: 4 chunks x 2 k-steps of m64n64k32.
+template <typename Cfg, typename TiledMmaOt, typename FragO, typename During>
+__device__ __forceinline__ WsTileInfo ws_pv_tile_regs(typename Cfg::SharedStorage& ss, TiledMmaOt& mma_ot,
+                                                      FragO& tOrO, int stage, uint32_t phase, bool fresh, int half,
+                                                      int tid_wg, int lane, During&& during, int tile) {
+  using namespace cute;
+  using Element = typename Cfg::Element;
+  constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
+  static_assert(cute::is_same_v<typename TiledMmaOt::Atom::Traits::ALayout, GMMA::ALayout_64x32>,
+                "V^T register fragment layout (ws_load_vt_frag)");
+  Element* kv = ss.kv[stage];
+  const uint32_t kv_half = smem_addr(kv + half * (DV / 2) * BN);
+  const int valid = ss.tile_valid[stage];
+  // Two A sets of one chunk each (8 registers), in turns: O^T's 128 accumulators leave no room for
+  // all four chunks' 32 (ptxas spilled and serialized the wgmmas). Chunks 0 and 1 are loaded as
+  // soon as the tile has landed, 2 and 3 once the wgmmas of 0 and 1 (their set's last readers) are done.
+  using FragA = decltype(make_tensor<Element>(partition_shape_A(TiledMmaOt{}, Shape<_64, Int<BN>>{})));  // (V, 1, 2)
+  FragA a;
+  if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 4);
+  mbarrier_wait(&ss.full[stage], phase);
+  ws_load_vt_frag<Cfg>(kv_half, 0, valid, tid_wg, a);
+  if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 5);
+  mbarrier_wait(&ss.p_full[stage], phase);
+  if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 6);
+  const int q = lane % 4;
+  if (!fresh) {  // lazy rescaling: almost every tile has none (one 16-byte read says)
+    const int4 any = *reinterpret_cast<const int4*>(ss.tile_rescale[stage]);
+    if (any.x | any.y | any.z | any.w) ws_scale_ot_columns(tOrO, ss.row_scale[stage], q);
+  }
+  Tensor sP = make_tensor(make_smem_ptr(ss.aux + (tile & 1) * (BM * BN)), typename Cfg::SmemLayoutSlab{});
+  auto thr = mma_ot.get_thread_slice(tid_wg);
+  Tensor tOrB = thr.partition_fragment_B(sP);  // (MMA, 1, 2)
+  warpgroup_fence_operand(tOrO);
+#pragma unroll
+  for (int mb = 0; mb < 4; ++mb) {
+    if (mb > 0) {
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(a);
+      ws_load_vt_frag<Cfg>(kv_half, mb, valid, tid_wg, a);
+    }
+    if (mb == 3) ws_release_stage<Cfg>(ss.stage_free, stage, lane);  // V read into registers: its last use
+    warpgroup_fence_operand(a);
+    warpgroup_arrive();
+    mma_ot.accumulate_ = fresh ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      gemm(mma_ot, a(_, 0, ks), tOrB(_, 0, ks), tOrO(_, mb, 0));
+      mma_ot.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+  }
+  during();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(tOrO);
+  if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 7);
+  const WsTileInfo info = ss.info[stage];
+  if (info.last) ws_scale_ot_columns(tOrO, ss.row_scale[stage] + BM, q);
+  __syncwarp();
+  if (lane == 0) mbarrier_arrive(&ss.pv_done[stage]);  // this CTA's P slot (WG0 waits it)
+  return info;
+}
+
+// ws_store_o for kPvRegs: thread (w, p, q) holds O[row 8j + 2q + e][dv half 256 + 64 mb + 16w + 2p, + 1].
+template <typename Cfg, typename FragO>
+__device__ __forceinline__ void ws_store_ot(const DecodeParams& p, typename Cfg::SharedStorage& ss, const FragO& tOrO,
+                                            const WsTileInfo& info, int half, int tid) {
+  using Out = typename Cfg::OutElement;
+  constexpr int DV = Cfg::HEAD_DIM_V;
+  const int m_block = blockIdx.z, g = blockIdx.y;
+  const int* meta = ws_meta(p);
+  const PieceDest dest = piece_dest(p, info.bi, info.bi == meta[kMetaBeginBatch] ? meta[kMetaBeginSplit] : 0);
+  const int tw = tid % 128, lane = tw % 32;
+  const int dv0 = half * (DV / 2) + (tw / 32) * 16 + 2 * (lane / 4), q = lane % 4;
+  const uint64_t keep = l2_evict_last_policy();
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = ws_query_row<Cfg>(m_block, 8 * j + 2 * q + e);
+      if (r >= p.rows) continue;
+      if (dest.single) {
+        const auto [s, head] = query_row(p, g, r);
+        Out* o = reinterpret_cast<Out*>(p.out) + (((info.bi * p.s_q + s) * p.h_q + head) * DV + dv0);
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb)
+          *reinterpret_cast<unsigned*>(o + 64 * mb) =
+              ElemTraits<Out>::pack2(tOrO(32 * mb + 4 * j + e), tOrO(32 * mb + 4 * j + 2 + e));
+      } else {
+        float* o = p.o_accum + (((dest.slot * p.h_kv + g) * p.rows + r) * DV + dv0);
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb)
+          st_global_f2_hint(o + 64 * mb, tOrO(32 * mb + 4 * j + e), tOrO(32 * mb + 4 * j + 2 + e), keep);
+      }
+    }
+  }
+  if constexpr (Cfg::kFusedCombine) {
+    if (!dest.single) ws_count_split(p, dest, info.bi, g, m_block, tid, ss.pending, &ss.num_pending);
+  }
+}
+
 // This warpgroup's half of O for a finished piece (rows < p.rows only): into out (single split)
 // or the piece's o_accum slot, and with the fused combine the split's count.
 template <typename Cfg, typename FragO>
@@ -1563,8 +1734,10 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
     __syncwarp();  // reconverge warp 4 before any .aligned instruction
   }
 
-  typename Cfg::TiledMmaO mma_o;
-  Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<BM>, Int<DV / 2>>{});
+  // O's half (kPvRegs: O^T's, dv x rows).
+  conditional_t<Cfg::kPvRegs, typename Cfg::TiledMmaOt, typename Cfg::TiledMmaO> mma_o;
+  Tensor tOrO = partition_fragment_C(
+      mma_o, conditional_t<Cfg::kPvRegs, Shape<Int<DV / 2>, Int<BM>>, Shape<Int<BM>, Int<DV / 2>>>{});
 #pragma unroll
   for (int i = 0; i < size(tOrO); ++i) tOrO(i) = 0.f;
 
@@ -1635,9 +1808,14 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
         }
       }
     };
-    const WsTileInfo info =
-        ws_pv_tile<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tw, tw % 32, row0, n & 1, during_pv, n);
-    if (info.last) ws_store_o<Cfg>(p, ss, tOrO, info, half, row0, col_lane, tid);
+    WsTileInfo info;
+    if constexpr (Cfg::kPvRegs) {
+      info = ws_pv_tile_regs<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tw, tw % 32, during_pv, n);
+      if (info.last) ws_store_ot<Cfg>(p, ss, tOrO, info, half, tid);
+    } else {
+      info = ws_pv_tile<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tw, tw % 32, row0, n & 1, during_pv, n);
+      if (info.last) ws_store_o<Cfg>(p, ss, tOrO, info, half, row0, col_lane, tid);
+    }
     fresh = info.last;
     if (++stage == NS) {
       stage = 0;
