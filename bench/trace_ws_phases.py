@@ -10,8 +10,9 @@ CTA (WsPhaseTrace); this prints the median over those rows, in SM clocks:
   WG0  wait    tile n's stage announced (sparse: kv_ready; fp8: TMA full)   S    S(n) issued and done
        smax    softmax, P(n) stored (sparse: and published)                 gap  to the next tile's wait
   P V  sparse: deq    named barrier -> tile n + 1 de-quantized               waitP  -> P(n) arrived
-       fp8:    deq    wait for tile n's bytes + V^T transpose + barrier      waitP  -> P(n) arrived
-       pv      P V(n) (sparse: with the gather beside it)                    loop   -> the next tile's start
+       fp8:    deq    wait for tile n's bytes + V^T chunk 0 into registers   waitP  -> P(n) arrived
+       pv      P V(n) (sparse: with the gather beside it; fp8: chunks 1-3's V^T loads between its wgmmas)
+                                                                             loop   -> the next tile's start
        fp8, the refill by the producer (thread 128; page >= 64) beside P V(n): rel  P(n) arrived ->
        the stage released (stage_free), tma  -> its loads issued (block-table read, the TMA loads)
 and the tile period (WG0's wait start to the next one's). Needs >= 16 tiles per CTA (e.g. sparse 128 1 64,

@@ -1,6 +1,7 @@
 """GPU-free checks of the decode family: configs, rendering for the whole supported grid, and
 compile-only of the metadata, split-KV and combine kernels with ptxas's resource report."""
 import itertools
+import re
 
 import pytest
 
@@ -34,8 +35,7 @@ def test_every_supported_config_renders():
             # 3 stages, or 2 (and 2 landing slots) over an e4m3 cache
             assert f"{page}, 64, 64, {2 if kv else 3}, {tail}, {'true' if kv else 'false'},\n" in src.source
             chunks = d // 64 if page >= 64 else 1   # a page per tile: one TMA load a tile
-            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false," in src.source
-            assert f"/*CHUNKS_PER_LOAD=*/{chunks}, /*PV_REGS=*/false>" in src.source
+            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false," in src.source and f"/*CHUNKS_PER_LOAD=*/{chunks}>" in src.source
             # The fused-combine kernel ships without the combine kernel.
             assert ("mla_jit_decode_combine(" in src.source) == combine
             assert family.entry_points(cfg)[1:] == (("mla_jit_decode_combine",) if combine else ())
@@ -164,12 +164,17 @@ def test_params_struct_layout_matches_header():
 
 
 def _assert_compiles_clean(family_name: str, cfg) -> None:
-    """Built with ptxas's resource report: no stack, no spills, no serialized wgmma."""
+    """Built with ptxas's resource report: no stack, no spills, no serialized wgmma. The e4m3 q and
+    cache kernel (V^T a register operand beside O^T's 128 accumulators) spills a few scalars of its
+    P V loop (bench/NOTES.md, session 36): at most 64 bytes there."""
     family = registry.get(family_name)
     binary = build(family.source(cfg, SM90))
     for entry in family.entry_points(cfg):
         report = binary.log.split(f"Function properties for {entry}")[1].splitlines()[1]
-        assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
+        if getattr(cfg, "dtype", None) == "e4m3" and entry == "mla_jit_decode_splitkv":
+            assert int(re.search(r"(\d+) bytes spill stores", report).group(1)) <= 64, binary.log
+        else:
+            assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
     # ptxas's wgmma advisories: C7517 (a warpgroup.wait it had to inject), C7515 / C7518 / C7520
     # (every wgmma serialized: a non-wgmma definition of an accumulator in flight, a wait or an
     # arrive it put in a divergent path). Any one costs a large part of the kernel's speed.
@@ -193,7 +198,7 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("d,page,schedule,cluster_m", [(576, 64, "ws", 1), (512, 16, "ws_unfused", 2),
                                                        (576, 256, "ws_unfused", 1)])
-def test_fp8_decode_kernels_compile_without_spills(d, page, schedule, cluster_m, cache_root, monkeypatch):
+def test_fp8_decode_kernels_compile_clean(d, page, schedule, cluster_m, cache_root, monkeypatch):
     """e4m3 q and cache, and a 16-bit q over an e4m3 cache (bf16, and fp16 at one shape)."""
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
     _assert_compiles_clean("mla_decode_sm90", decode_config("e4m3", d, 512, page, SM90.tuning, schedule, cluster_m))
@@ -223,25 +228,12 @@ def test_tile_wide_tma_box_view_and_config():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page,schedule,cluster_m,rows", [(64, "ws_unfused", 2, None), (16, "ws", 1, 16)])
-def test_fp8_pv_regs_kernels_compile(page, schedule, cluster_m, rows, cache_root, monkeypatch):
-    """MLA_JIT_SM90_FP8_PV=regs (not yet the default): renders and compiles with no wgmma serialized
-    (it spills a few scalars of the P V loop: bench/NOTES.md, session 36)."""
-    monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
-    cfg = decode_config("e4m3", 576, 512, page, SM90.tuning, schedule, cluster_m, None, rows, "regs")
-    assert cfg.pv_regs and not decode_config("bf16", 576, 512, page, SM90.tuning, pv="regs").pv_regs
-    assert "/*PV_REGS=*/true>" in registry.get("mla_decode_sm90").source(cfg, SM90).source
-    binary = build(registry.get("mla_decode_sm90").source(cfg, SM90))
-    assert not any(code in binary.log for code in ("C7512", "C7515", "C7517", "C7518", "C7520")), binary.log
-
-
-@pytest.mark.slow
-def test_fp8_clustered_tile_box_kernel_compiles_without_spills(cache_root, monkeypatch):
+def test_fp8_clustered_tile_box_kernel_compiles_clean(cache_root, monkeypatch):
     """The e4m3 kernel (early stage release) with a TMA load a group of 3 chunks, clustered."""
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
     cfg = decode_config("e4m3", 576, 512, 64, SM90.tuning, "ws_unfused", 2)
     assert cfg.chunks_per_load == 3
-    assert "/*CHUNKS_PER_LOAD=*/3, /*PV_REGS=*/false>" in registry.get("mla_decode_sm90").source(cfg, SM90).source
+    assert "/*CHUNKS_PER_LOAD=*/3>" in registry.get("mla_decode_sm90").source(cfg, SM90).source
     _assert_compiles_clean("mla_decode_sm90", cfg)
 
 

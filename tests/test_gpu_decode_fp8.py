@@ -155,21 +155,9 @@ def test_fp8_decode_matches_reference(case, api, env, monkeypatch):
     _check_fp8(case, api)
 
 
-# MLA_JIT_SM90_FP8_PV=regs (not yet on by default: bench/NOTES.md, session 36) over the whole FP8 grid
-# (pieces that end and start inside a CTA's walk, tails, zero lengths, clusters, compact rows).
-_PV_REGS_GRID = [(case, api, {**env, "MLA_JIT_SM90_FP8_PV": "regs"}) for case, api, env in _FP8_GRID]
-
-
-@pytest.mark.parametrize("case,api,env", _PV_REGS_GRID, ids=env_grid_ids(_PV_REGS_GRID))
-def test_fp8_pv_regs_matches_reference(case, api, env, monkeypatch):
-    set_env(monkeypatch, env)
-    _check_fp8(case, api)
-
-
-def test_fp8_pv_regs_long_walks_repeat(monkeypatch):
+def test_fp8_long_walks_repeat():
     """~60 tiles a CTA (16 x 32768 tokens, one row tile, 132 parts) and two row tiles clustered, three
     calls each on fresh inputs: a missing ordering between the warpgroups shows as a wrong tile."""
-    monkeypatch.setenv("MLA_JIT_SM90_FP8_PV", "regs")
     for seed_case in (_fp8(16, 1, 32768, 16, 1, False, False), _fp8(8, 1, 16384, 128, 1, True, False)):
         for _ in range(3):
             _check_fp8(seed_case)

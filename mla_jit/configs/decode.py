@@ -24,12 +24,6 @@ CLUSTER_ENV = env.declare(
     "launch falls back to none when the GPU cannot keep every cluster resident at once "
     "(cuOccupancyMaxActiveClusters).",
     choices=("auto", "1", "2"), owner=__name__)
-FP8_PV_ENV = env.declare(
-    "MLA_JIT_SM90_FP8_PV", "smem",
-    "P V of the Hopper e4m3 decode kernel (e4m3 q and cache): `smem` (V transposed on chip into shared "
-    "memory, both operands read from there) or `regs` (a candidate: O^T = V^T P^T with V^T built in "
-    "registers straight from the KV tile). Not yet measured on a GPU.",
-    choices=("smem", "regs"), owner=__name__)
 BLOCK_M = 64           # query rows (s_q * heads per KV head) per CTA tile
 BLOCK_N = 64           # KV tokens per pipeline stage
 FIXED_OVERHEAD_BLOCKS = 5   # scheduler cost of starting a split, in KV blocks
@@ -95,8 +89,6 @@ class DecodeConfig:
     # At most 32 query rows a KV head (one row tile): the rows in the first row half of each warp's
     # 16, so the softmax warpgroup runs its per-row work for one of a thread's two rows (splitkv_ws.cuh).
     compact_rows: bool = False
-    # e4m3 q and cache: V^T as the register operand of O^T = V^T P^T (splitkv_ws.cuh, kPvRegs).
-    pv_regs: bool = False
 
     num_threads = 384   # a producer warpgroup, the S/softmax warpgroup, two P V warpgroups
 
@@ -108,7 +100,6 @@ class DecodeConfig:
             raise InvalidArgumentError("DecodeConfig.kv_dtype", "None unless dtype is bf16 or fp16",
                                        f"{self.kv_dtype!r} with dtype {self.dtype!r}")
         check_fields(self, schedule=SCHEDULES, cluster_m=(1, 2), dtype=tuple(STAGES), compact_rows=(False, True),
-                     pv_regs=(False, True) if self.dtype == "e4m3" else (False,),
                      head_dim=tuple(d for d, _ in SUPPORTED_HEAD_DIMS), page_size=SUPPORTED_PAGE_SIZES,
                      block_m=(BLOCK_M,), block_n=(BLOCK_N,), num_stages=(stages_for(self.dtype, self.kv_dtype),))
         if self.compact_rows and self.cluster_m != 1:   # (at most 32 rows: one row tile)
@@ -183,15 +174,13 @@ def cluster_m_for(row_tiles: int, choice: str = "auto") -> int:
 @functools.lru_cache(maxsize=None)
 def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
                   schedule: str = "ws", cluster_m: int = 1, kv_dtype: str | None = None,
-                  rows: int | None = None, pv: str = "smem") -> DecodeConfig:
+                  rows: int | None = None) -> DecodeConfig:
     """kv_dtype: the cache's dtype where it is not q's (`dtype`). rows: query rows a KV head (s_q x
-    h_q / h_kv), where known: compact rows at most BLOCK_M / 2 (one row tile, half of it padding).
-    pv: MLA_JIT_SM90_FP8_PV's choice (the e4m3 kernel only)."""
+    h_q / h_kv), where known: compact rows at most BLOCK_M / 2 (one row tile, half of it padding)."""
     kv_dtype = None if kv_dtype == dtype else kv_dtype
     return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N,
                         num_stages=stages_for(dtype, kv_dtype), schedule=schedule, cluster_m=cluster_m,
-                        kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2 and cluster_m == 1,
-                        pv_regs=pv == "regs" and dtype == "e4m3")
+                        kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2 and cluster_m == 1)
 
 
 def _chunks_per_load(head_dim: int, page_size: int, cluster_m: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Iterable
 
-from ..configs.decode import (BLOCK_M, CLUSTER_ENV, FP8_PV_ENV, SCHEDULE_ENV, SCHEDULES, SPARSE_KV,
+from ..configs.decode import (BLOCK_M, CLUSTER_ENV, SCHEDULE_ENV, SCHEDULES, SPARSE_KV,
                               SUPPORTED_HEAD_DIMS,
                               DecodeConfig, MetadataConfig, cluster_m_for, decode_config, metadata_config,
                               out_dtype_of)
@@ -88,8 +88,7 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v,
                 "page_size": cfg.page_size, "block_m": cfg.block_m, "block_n": cfg.block_n,
                 "num_stages": cfg.num_stages, "schedule": cfg.schedule,
-                "compact_rows": "true" if cfg.compact_rows else "false", "chunks_per_load": cfg.chunks_per_load,
-                "pv_regs": "true" if cfg.pv_regs else "false"}
+                "compact_rows": "true" if cfg.compact_rows else "false", "chunks_per_load": cfg.chunks_per_load}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[DecodeConfig]:
         # auto: which of the two a call takes depends on its batch and lengths; warm both.
@@ -98,10 +97,9 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
         # Clustered kernels where a preset's row tiles (s_q 1 to 4) share KV; the unclustered one too
         # (a GPU that cannot keep every cluster resident falls back to it).
         cluster = env.choice(CLUSTER_ENV.name)
-        pv = env.choice(FP8_PV_ENV.name)
         # Compact rows where a preset's s_q 1 .. 4 has at most 32 rows a KV head.
         configs = (decode_config(dtype, p.head_dim, p.head_dim_v, p.page_size, arch, schedule, cluster_m, kv_dtype,
-                                 rows, pv)
+                                 rows)
                    for dtype, kv_dtype in _PREWARM_DTYPES
                    for p in _preset_shapes(presets) for schedule in schedules
                    for cluster_m in _cluster_sizes(p, cluster)

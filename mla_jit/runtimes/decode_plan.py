@@ -11,7 +11,7 @@ import logging
 
 import torch
 
-from ..configs.decode import (BLOCK_M, CLUSTER_ENV, COMBINE_ROWS_PER_CTA, COMBINE_THREADS, FP8_PV_ENV,
+from ..configs.decode import (BLOCK_M, CLUSTER_ENV, COMBINE_ROWS_PER_CTA, COMBINE_THREADS,
                               SCHEDULE_ENV, accum_rows, cluster_m_for, decode_config,
                               fused_combine_pays, metadata_config, num_sm_parts, out_dtype_of)
 from ..configs.decode_sm80 import block_m_for, ctas_per_sm_for, sm80_decode_config
@@ -35,7 +35,7 @@ _LOG2E = 1.4426950408889634
 
 # Raw values of the variables that pick a kernel: part of every warm-path plan key, so another
 # value (set at run time) gets another plan.
-plan_env = env.raw_reader("MLA_JIT_ARCH", SCHEDULE_ENV.name, CLUSTER_ENV.name, FP8_PV_ENV.name)
+plan_env = env.raw_reader("MLA_JIT_ARCH", SCHEDULE_ENV.name, CLUSTER_ENV.name)
 
 # Plan memos: call signature -> plan. Filled by the ops after validation (emptied when they reach
 # MAX_PLANS: a caller whose batch or block-table width changes every step must not grow them
@@ -125,7 +125,6 @@ def _kernels(q_shape, dtype: str, kv_dtype: str, head_dim_v: int, page_size: int
     cache as a plain pointer instead of a TMA descriptor."""
     b, s_q, h_q, d = q_shape
     rows = s_q * (h_q // h_kv)
-    pv = env.choice(FP8_PV_ENV.name)
     if arch.tuning.major >= 9:
         family = registry.get("mla_decode_sm90")
         schedule, cluster_choice = env.choice(SCHEDULE_ENV.name), env.choice(CLUSTER_ENV.name)
@@ -133,7 +132,7 @@ def _kernels(q_shape, dtype: str, kv_dtype: str, head_dim_v: int, page_size: int
             fused = fused_combine_pays(b, rows, parts, head_dim_v, max_seq_tokens, kv_bytes_per_token)
             schedule = "ws" if fused else "ws_unfused"
         cluster_m = cluster_m_for(-(-rows // BLOCK_M), cluster_choice)
-        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule, cluster_m, kv_dtype, rows, pv)
+        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, schedule, cluster_m, kv_dtype, rows)
         params = (Blob(DECODE_PARAMS.size), TMA_DESC)
     else:
         family = registry.get("mla_decode_sm80")
@@ -145,7 +144,7 @@ def _kernels(q_shape, dtype: str, kv_dtype: str, head_dim_v: int, page_size: int
     assert not getattr(cfg, "compact_rows", False) or rows <= cfg.block_m // 2, (cfg, rows)
     grid, block = (parts, h_kv, row_tiles), (cfg.num_threads, 1, 1)
     if cfg.cluster is not None and not _clusters_fit(family, cfg, arch, device_index, grid, block, smem):
-        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, cfg.schedule, 1, kv_dtype, rows, pv)
+        cfg = decode_config(dtype, d, head_dim_v, page_size, arch.tuning, cfg.schedule, 1, kv_dtype, rows)
     if arch.tuning.major >= 9:
         # (token, head, 64 columns), or with several chunks a load (chunk, token, head, 64 columns).
         box = (min(page_size, cfg.block_n), 1, 64)

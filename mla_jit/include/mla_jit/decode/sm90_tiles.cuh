@@ -9,9 +9,9 @@
 namespace mla_jit {
 namespace decode {
 
-// The P V operands. 16-bit: V is the MN-major view of the K tile's first HEAD_DIM_V columns (no
-// copy). e4m3: FP8 wgmma takes K-major operands only, so each P V warpgroup transposes its V half
-// into its own (HEAD_DIM_V / 2) x BLOCK_N tile first (ws_transpose_v_half).
+// The P V operands (16-bit): V is the MN-major view of the K tile's first HEAD_DIM_V columns (no
+// copy). e4m3 has none here: FP8 wgmma takes K-major operands only, and the kernel computes O^T =
+// V^T P^T with V^T in registers instead (splitkv_ws.cuh, ws_pv_tile_regs).
 template <typename Element, int BLOCK_M, int BLOCK_N, int HEAD_DIM_V, typename SwAtom,
           bool kFp8 = cute::is_same_v<Element, cutlass::float_e4m3_t>>
 struct Sm90PvOperands {
@@ -26,13 +26,9 @@ struct Sm90PvOperands {
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
 };
 template <typename Element, int BLOCK_M, int BLOCK_N, int HEAD_DIM_V, typename SwAtom>
-struct Sm90PvOperands<Element, BLOCK_M, BLOCK_N, HEAD_DIM_V, SwAtom, true> {
-  using SmemLayoutVtHalf =
-      decltype(cute::tile_to_shape(SwAtom{}, cute::Shape<cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>{}));
-  using TiledMmaO = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<HEAD_DIM_V / 2>, cute::Int<BLOCK_N>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::K>()));
+struct Sm90PvOperands<Element, BLOCK_M, BLOCK_N, HEAD_DIM_V, SwAtom, true> {  // (none in shared memory)
+  using SmemLayoutVtHalf = void;
+  using TiledMmaO = void;
 };
 
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_, int BLOCK_N_,
@@ -157,42 +153,6 @@ __device__ __forceinline__ void store_p_e4m3_sw64(uint32_t slab, int tw, const F
   for (int q = 0; q < 2; ++q) {
     const uint32_t addr = row_addr + uint32_t((((2 * q + (m >> 1)) ^ sw) & 3) << 4);
     stmatrix_x4(addr, word(2 * q, 0), word(2 * q, 1), word(2 * q + 1, 0), word(2 * q + 1, 1));
-  }
-}
-
-// V[:, half] of a K tile (kRows tokens x 256 bytes: the 64-byte chunks starting at v_src, each a
-// contiguous kRows x 64 B SW64 slab) into vt, a (256 dv x kRows) K-major SW64 tile in the slot
-// order above, by the 128 threads of a P V warpgroup; tokens >= valid become 0 (rows past a
-// sequence's end may hold NaN or stale bytes). Warp w takes tokens 16w .. 16w + 15 in 8 blocks of
-// 32 dv bytes, each one ldmatrix .x4 .trans, 4 byte permutes and one stmatrix .x4. Both addresses
-// are a per-thread base plus immediates: block k's source is chunk k / 2 with the swizzled 16-byte
-// chunk index's bit 1 flipped for odd k, its destination 32 dv rows (2 KB) further, at the same
-// swizzle (dv / 2 % 4 does not depend on k). Kept out of registers, which O fills.
-template <int kRows>
-__device__ __forceinline__ void transpose_v_half_e4m3(uint32_t v_src, uint32_t vt, int valid, int tw) {
-  static_assert(kRows == 64, "a 16-token group per warp");
-  const int tb = (tw / 32) * 16, lane = tw % 32;
-  const int m = lane / 8, i = lane % 8;  // ldmatrix / stmatrix: this lane addresses row i of matrix m
-  // ldmatrix matrix m: tokens tb + 8 (m & 1) + 0..7, dv bytes 32k + 16 (m >> 1) + 0..15.
-  const uint32_t src = v_src + sw64_offset(tb + 8 * (m & 1) + i, 16 * (m >> 1));
-  // stmatrix matrix m, register m: dv 32k + 16 (m >> 1) + 2i + (m & 1), slots of group tb / 16.
-  const uint32_t dst = vt + sw64_offset(16 * (m >> 1) + 2 * i + (m & 1), tb);
-  uint32_t keep_a = 0xffffffffu, keep_c = 0xffffffffu;  // this lane's tokens 2q, 2q + 1 / 8 + 2q, 9 + 2q
-  if (tb + 16 > valid) {  // warp-uniform
-    const int ta = tb + 2 * (lane % 4), tc = ta + 8;
-    keep_a = (ta < valid ? 0xffffu : 0u) | (ta + 1 < valid ? 0xffff0000u : 0u);
-    keep_c = (tc < valid ? 0xffffu : 0u) | (tc + 1 < valid ? 0xffff0000u : 0u);
-  }
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    uint32_t r[4];
-    ldmatrix_x4_trans((src ^ ((k & 1) * 32)) + (k / 2) * kRows * 64, r);
-    r[0] &= keep_a;
-    r[2] &= keep_a;
-    r[1] &= keep_c;
-    r[3] &= keep_c;
-    stmatrix_x4(dst + k * 32 * 64, byte_perm(r[0], r[1], 0x6420), byte_perm(r[0], r[1], 0x7531),
-                byte_perm(r[2], r[3], 0x6420), byte_perm(r[2], r[3], 0x7531));
   }
 }
 

@@ -86,15 +86,19 @@
 // 64B swizzle (64 B rows); 4 stages. P is not divided by l (P / l can fall below e4m3's range):
 // WG0 stores it unnormalized as e4m3, and at a piece's last tile the factor 1/l times descale_k
 // (row_scale[s][BM + row]), which the P V warpgroups apply to O after that tile's P V. FP8 wgmma
-// reads B K-major only, so each P V warpgroup transposes its V half into its V^T buffer (two, by
-// tile parity) as soon as full[s] completes, while WG0 runs S (transpose_v_half_e4m3, with a
-// token order that P's columns share), and syncs its 4 warps on named barrier 4 / 5 before its
-// P V. It zeroes tokens >= L there itself (the producer notes each tile's valid tokens in
-// tile_valid[s]): WG0's tail zeroing runs concurrently. Registers: WG0 152, WG1/WG2 176.
+// reads both operands K-major, and V is MN-major in the cache: each P V warpgroup computes O^T =
+// V^T P^T instead, V^T its register A operand built straight from the landed K tile (ldmatrix .trans
+// and byte permutes, in a token order that P's columns share: ws_load_vt_frag), P's slab as stored
+// the B operand, a 64-dv chunk at a time (ws_pv_tile_regs). It zeroes tokens >= L there itself (the
+// producer notes each tile's valid tokens in tile_valid[s]): WG0's tail zeroing runs concurrently.
+// O^T's columns are the query rows: the lazy rescale reads WG0's per-warp flags (tile_rescale[s]),
+// and O is stored as adjacent dv pairs of 16 rows a thread (ws_store_ot). H200, against V^T
+// transposed into shared memory (stmatrix, both operands from there): 1.0-1.09x (session 36).
+// Registers: WG0 152, WG1/WG2 176 (a few scalars of the P V loop spill).
 // The early stage release (kEarlyRelease, the e4m3 kernel; H200: 1.01-1.05x, 1.00-1.04x with the tile box): P goes into two
 // slots of its own (aux, by tile parity) instead of the rope columns, so a stage's last readers are
-// S(n) and the two V^T transpositions. Each of those warps (WG0's after S's wait, the P V warps
-// after transposing; 12 x CLUSTER_M, cluster-wide as pv_done otherwise) arrives on stage_free[s],
+// S(n) and the P V warps' V^T loads. Each of those warps (WG0's after S's wait, the P V warps
+// after their last V^T chunk; 12 x CLUSTER_M, cluster-wide as pv_done otherwise) arrives on stage_free[s],
 // which the producer waits before the refill instead of pv_done: the refill no longer waits for
 // both P V(n) (H200 trace: ~600 of the P V side's ~1360-clock loop), and it issues it while its
 // own P V(n) wgmma runs (the stage's bytes are no operand of it). pv_done (this CTA's 8 P V
@@ -210,8 +214,6 @@ constexpr int kFirstQThreads = 128 + 32;
 // Sparse: WG0 and every gathering thread of the P V warpgroups.
 template <typename Cfg>
 constexpr int ws_first_q_threads() { return Cfg::kSparse ? 128 + Cfg::kGatherThreads : kFirstQThreads; }
-// e4m3: P V warpgroup 1 / 2's V^T of a tile is written (barriers 4 and 5, 128 threads each).
-constexpr int kBarVt = 4;
 // KV_FP8: the P V warpgroups (256 threads) meet before de-quantizing a tile into a stage.
 constexpr int kBarDequant = 6;
 
@@ -390,7 +392,7 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
           int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int CLUSTER_M_ = 1,
           bool KV_FP8_ = false, int SPARSE_KV_ = 0, bool COMPACT_ROWS_ = false, int S_FIRST_GROUP_K_ = 18,
-          typename RECORD_ = V32Record, int CHUNKS_PER_LOAD_ = 1, bool PV_REGS_ = false>
+          typename RECORD_ = V32Record, int CHUNKS_PER_LOAD_ = 1>
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_>;
   using Element = Element_;
@@ -452,11 +454,9 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // tile parity (aux) and whose end (pv_done) WG0 waits before reusing a P slot. See "Synchronization".
   // H200, interleaved against the release after P V: 1.01-1.05x on the FP8 rows (bench/NOTES.md, session 35).
   static constexpr bool kEarlyRelease = kFp8;
-  // e4m3, a candidate (MLA_JIT_SM90_FP8_PV=regs): O^T = V^T P^T, V^T the register A operand built
-  // straight from the K tile (ldmatrix .trans + byte permutes, no V^T buffers, no stmatrix, no
-  // barrier), P's slab the B operand; O^T's columns are the query rows (ws_pv_tile_regs).
-  static constexpr bool kPvRegs = kFp8 && PV_REGS_;
-  static_assert(!PV_REGS_ || kFp8, "the register V^T operand: e4m3 q and cache");
+  // e4m3: O^T = V^T P^T, V^T the register A operand built straight from the K tile, P's slab the
+  // B operand; O^T's columns are the query rows (ws_pv_tile_regs; see the header).
+  static constexpr bool kPvRegs = kFp8;
   // Column chunks a TMA load covers: 1 (a 3-D box of 64 columns, kColChunks loads a tile), or more
   // (pages >= 64: a 4-D box whose outermost dimension is the chunk, so that one load writes the
   // chunk-major slabs of that many chunks; the H200 trace gave the 9 issues of an e4m3 d = 576 tile
@@ -541,9 +541,6 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     alignas(1024) Element kv[NUM_STAGES][BLOCK_N * HEAD_DIM];
     alignas(1024) Element aux[kAuxElems];
     alignas(256) Element q16[kFp8 ? 16 : BLOCK_M * 16];  // Q[:, kQRegCols:DV] (16-bit)
-    // e4m3: V^T of the two halves, double-buffered by tile parity (ws_transpose_v_half). At the
-    // end of q16, which ends 1024-aligned: 2 bytes for the 16-bit kernels, which have no slack.
-    alignas(1024) Element vt[kFp8 && !kPvRegs ? 2 * HEAD_DIM_V * BLOCK_N : 1];
     // kPvRegs: whether any row of WG0's warp w rescaled O in the tile of stage s (O^T's columns are
     // every row: one 16-byte read tells the P V thread whether to load its 16 rows' scales).
     alignas(16) int tile_rescale[kPvRegs ? NUM_STAGES : 1][4];
@@ -1379,45 +1376,26 @@ __device__ __forceinline__ int ws_count_tiles(const DecodeParams& p, Lens seqlen
   return num_tiles;
 }
 
-// The P V of the tile in `stage` (use parity `phase`) for this warpgroup's half of O: wait for
-// its P, O *= the rows' rescale (skipped where it is 1), O (+)= P V[:, half] (fresh: the piece's
-// first tile, O = P V), then release the stage to the producer(s) of the cluster. Returns the
-// tile's info (read before the release).
-// e4m3: first, as soon as the tile has landed (WG0 is still on S), the warpgroup transposes its V
-// half into its V^T buffer (vt_buf: the tile's parity; the buffer's previous reader, P V two
-// tiles back, was waited by every warp before the named barrier of the tile in between); after
-// P V, a piece's last tile multiplies O by the rows' final factor (1/l times the descale).
-// The stage (early release: this CTA's P slot) is released by one arrival per warp (ws_release_stage).
-
+// The P V of the tile in `stage` (use parity `phase`) for this warpgroup's half of O (16-bit q;
+// e4m3: ws_pv_tile_regs): wait for its P, O *= the rows' rescale (skipped where it is 1), O (+)=
+// P V[:, half] (fresh: the piece's first tile, O = P V), then release the stage to the producer(s)
+// of the cluster. Returns the tile's info (read before the release).
 // during: work of the thread's own (no O, no wgmma) done while the P V wgmma runs.
 template <typename Cfg, typename TiledMmaO, typename FragO, typename During>
 __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss, TiledMmaO& mma_o, FragO& tOrO,
                                                  int stage, uint32_t phase, bool fresh, int half, int tid_wg,
-                                                 int lane, int row0, int vt_buf, During&& during, int tile) {
+                                                 int lane, int row0, During&& during, int tile) {
   using Element = typename Cfg::Element;
   constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
+  static_assert(!Cfg::kFp8, "e4m3: ws_pv_tile_regs");
   Element* kv = ss.kv[stage];
-  Element* v_half;
-  if constexpr (Cfg::kFp8) {
-    v_half = ss.vt + (vt_buf * 2 + half) * (DV / 2 * BN);
-    if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 4);
-    mbarrier_wait(&ss.full[stage], phase);
-    transpose_v_half_e4m3<BN>(smem_addr(kv + half * (DV / 2) * BN), smem_addr(v_half), ss.tile_valid[stage], tid_wg);
-    fence_proxy_async_shared();  // read by wgmma (async proxy)
-    if constexpr (Cfg::kEarlyRelease) ws_release_stage<Cfg>(ss.stage_free, stage, lane);  // V read: its last use
-    named_barrier_sync(kBarVt + half, 128);
-    if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 5);
-    mbarrier_wait(&ss.p_full[stage], phase);
-    if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 6);
-  } else {
-    v_half = kv + half * (DV / 2) * BN;
-    mbarrier_wait(&ss.p_full[stage], phase);
-    if (Cfg::kSparse && tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 6);
-    // Complete already (WG0 waited it): TMA bytes visible. KV_FP8: not waited (ws_dequant_tile did;
-    // the slot may already hold tile n + NS, its barrier a phase further on, the parity back).
-    if constexpr (!Cfg::kDequantInPv) mbarrier_wait(&ss.full[stage], phase);
-    if constexpr (Cfg::kSparse && !Cfg::kSparseFp8) fence_proxy_async_shared();  // cp.async bytes, read by wgmma
-  }
+  Element* v_half = kv + half * (DV / 2) * BN;
+  mbarrier_wait(&ss.p_full[stage], phase);
+  if (Cfg::kSparse && tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 6);
+  // Complete already (WG0 waited it): TMA bytes visible. KV_FP8: not waited (ws_dequant_tile did;
+  // the slot may already hold tile n + NS, its barrier a phase further on, the parity back).
+  if constexpr (!Cfg::kDequantInPv) mbarrier_wait(&ss.full[stage], phase);
+  if constexpr (Cfg::kSparse && !Cfg::kSparseFp8) fence_proxy_async_shared();  // cp.async bytes, read by wgmma
   const float sc0 = ss.row_scale[stage][row0], sc1 = ss.row_scale[stage][row0 + 8];
   // Lazy rescaling makes the scale exactly 1 on most tiles; a piece's first tile overwrites O.
   if (!fresh && __any_sync(0xffffffffu, sc0 != 1.f || sc1 != 1.f)) {
@@ -1429,35 +1407,23 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
   if constexpr (Cfg::kPInRope) {
     pbuf = kv + DV * BN;
   } else {
-    pbuf = ss.aux + (Cfg::kEarlyRelease ? tile & 1 : stage) * (BM * BN);
+    pbuf = ss.aux + stage * (BM * BN);
   }
   issue_pv_half<Cfg>(mma_o, tid_wg, pbuf, v_half, tOrO, fresh);
   during();
 
   cute::warpgroup_wait<0>();
   cute::warpgroup_fence_operand(tOrO);
-  if ((Cfg::kSparse || Cfg::kFp8) && tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 7);
+  if (Cfg::kSparse && tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 7);
   // Read the rest of stage s's slots before releasing the stage.
   const WsTileInfo info = ss.info[stage];
-  if constexpr (Cfg::kFp8) {
-    if (info.last) {
-      const float f0 = ss.row_scale[stage][BM + row0], f1 = ss.row_scale[stage][BM + row0 + 8];
-#pragma unroll
-      for (int i = 0; i < cute::size(tOrO); ++i) tOrO(i) *= ((i >> 1) & 1) ? f1 : f0;
-    }
-  }
   // KV_FP8: the TMA refills the landing slot, which ws_dequant_tile releases. Sparse: the P V
   // warpgroups refill the stage themselves after a named barrier.
-  if constexpr (Cfg::kEarlyRelease) {
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(&ss.pv_done[stage]);  // this CTA's P slot (WG0 waits it)
-  } else if constexpr (!Cfg::kKvFp8 && !Cfg::kSparse) {
-    ws_release_stage<Cfg>(ss.pv_done, stage, lane);
-  }
+  if constexpr (!Cfg::kKvFp8 && !Cfg::kSparse) ws_release_stage<Cfg>(ss.pv_done, stage, lane);
   return info;
 }
 
-// ---- kPvRegs: O^T = V^T P^T with V^T in registers ----
+// ---- e4m3 (kPvRegs): O^T = V^T P^T with V^T in registers ----
 // Warp w of a P V warpgroup owns dv 16w .. 16w + 15 of each of its half's four 64-dv chunks (the
 // M blocks of O^T). Per chunk and 32-token k-step one ldmatrix .x4 .trans (matrix i: tokens 8i ..
 // 8i + 7 of the step, the warp's 16 dv bytes) gives lane l (p = l / 4, q = l % 4) dv bytes 2p, 2p + 1
@@ -1511,7 +1477,7 @@ __device__ __forceinline__ void ws_scale_ot_columns(FragO& tOrO, const float* f,
   }
 }
 
-// ws_pv_tile for kPvRegs: the tile's V^T into registers as soon as it has landed, the stage released
+// ws_pv_tile for e4m3 (kPvRegs): the tile's V^T into registers as soon as it has landed, the stage released
 // (its last reader), then O^T (+)= V^T P^T once P is published: 4 chunks x 2 k-steps of m64n64k32.
 template <typename Cfg, typename TiledMmaOt, typename FragO, typename During>
 __device__ __forceinline__ WsTileInfo ws_pv_tile_regs(typename Cfg::SharedStorage& ss, TiledMmaOt& mma_ot,
@@ -1813,7 +1779,7 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
       info = ws_pv_tile_regs<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tw, tw % 32, during_pv, n);
       if (info.last) ws_store_ot<Cfg>(p, ss, tOrO, info, half, tid);
     } else {
-      info = ws_pv_tile<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tw, tw % 32, row0, n & 1, during_pv, n);
+      info = ws_pv_tile<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tw, tw % 32, row0, during_pv, n);
       if (info.last) ws_store_o<Cfg>(p, ss, tOrO, info, half, row0, col_lane, tid);
     }
     fresh = info.last;
