@@ -114,14 +114,14 @@ __device__ __forceinline__ void issue_pv_half(TiledMmaO& mma_o, int tw, typename
   warpgroup_commit_batch();
 }
 
-// ---- e4m3 P V: the token order of P's columns and V^T's rows ----
-// FP8 wgmma reads both operands K-major, so V (tokens x dv in the cache) is transposed on chip.
-// ldmatrix .trans (16-bit elements) does most of it: for a 16 x 32-byte block it gives lane l
-// (p = l / 4, q = l % 4), per 8 x 16-byte matrix, dv bytes (2p, 2p + 1) of tokens (2q, 2q + 1);
-// two byte permutes per register pair then give 4 tokens of one dv byte. The tokens come out in
-// a fixed order: slot 4q + {0, 1, 2, 3} of each 16-token group holds tokens 2q, 2q + 1, 8 + 2q,
-// 9 + 2q. P V sums over tokens, so P's columns are stored in the same slot order and the product
-// is unchanged.
+// ---- e4m3 P V: the token order of P's columns and V^T's columns ----
+// FP8 wgmma reads both operands K-major, so V (tokens x dv in the cache) is transposed on chip, into
+// the registers of the A operand of O^T = V^T P^T (splitkv_ws.cuh, ws_load_vt_frag). ldmatrix .trans
+// (16-bit elements) does most of it: per 8 x 16-byte matrix it gives lane l (p = l / 4, q = l % 4)
+// dv bytes (2p, 2p + 1) of tokens (2q, 2q + 1); two byte permutes per register pair then give 4
+// tokens of one dv byte. The tokens come out in a fixed order: slot 4q + {0, 1, 2, 3} of each
+// 16-token group holds tokens 2q, 2q + 1, 8 + 2q, 9 + 2q. P V sums over tokens, so P's columns are
+// stored in the same slot order and the product is unchanged.
 
 // Byte offset of (row r, byte column c) in a K-major 64-byte-row tile with the 64B swizzle
 // (CuTe's Layout_K_SW64_Atom for 8-bit elements: 16-byte chunk c / 16 XOR (r / 2) % 4).

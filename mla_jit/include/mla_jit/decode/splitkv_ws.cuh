@@ -184,8 +184,9 @@ struct WsCursor {
 // + kTiles of each CTA, a row per (CTA, tile) of mla_jit_trace_phases (bench/trace_ws_phases.py
 // reads them). WG0's thread 0: 0 before the wait for the tile, 1 after it, 2 S done, 3 P stored
 // (sparse: published). Thread 128 (P V, its loop's tile n): sparse: 4 past the named barrier,
-// 5 tile n + 1 de-quantized (FP8 records); e4m3: 4 before the wait for tile n, 5 its V^T written
-// (both warpgroups' halves: barrier); both: 6 P(n) arrived, 7 P V(n) and the work beside it done.
+// 5 tile n + 1 de-quantized (FP8 records); e4m3: 4 before the wait for tile n, 5 its first V^T chunk
+// in registers; both: 6 P(n) arrived, 7 P V(n) (e4m3: with chunks 1-3's V^T loads) and the work
+// beside it done.
 // e4m3, the TMA producer (thread 128) at the refill it issues beside P V(n) (tile n + NS):
 // 8 the stage released (stage_free of tile n waited), 9 the tile's loads issued.
 struct WsPhaseTrace {
@@ -427,7 +428,7 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // Per-thread registers after setmaxnreg: WG0 (Q fragment + S) and the P V warpgroups (O half).
   // kRegsS + 2 * kRegsPV <= 3 * 168 (the launch allocation); see the header comment.
   // e4m3: WG0 holds Q in 72 registers (S at R24..R55, Q above: 152 fit), and the P V warpgroups
-  // transpose V besides holding O (168 spilled a word in the unfused kernel).
+  // a 64-dv chunk's V^T operand (8 registers) besides O^T (a few scalars of their loop spill).
   static constexpr int kRegsS = kFp8 ? 152 : 184;
   static constexpr int kRegsPV = kFp8 ? 176 : 160;
   static constexpr int kLaunchRegs = 168;  // 65536 / 384, rounded down to 8: __launch_bounds__(384, 1)
@@ -449,8 +450,8 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   static constexpr int kTileQueryRows = kCompactRows ? BLOCK_M / 2 : BLOCK_M;
   static_assert(!kCompactRows || (SPARSE_KV_ == 0 && CLUSTER_M == 1), "compact rows: the dense decode, one row tile");
   static constexpr bool kSparseFp8 = SPARSE_KV_ == 1;
-  // e4m3: a stage goes back to the producer once its last readers are done (WG0's S and the two V^T
-  // transpositions: stage_free) instead of after P V, whose P then sits in two slots of its own by
+  // e4m3: a stage goes back to the producer once its last readers are done (WG0's S and the P V
+  // warps' V^T loads: stage_free) instead of after P V, whose P then sits in two slots of its own by
   // tile parity (aux) and whose end (pv_done) WG0 waits before reusing a P slot. See "Synchronization".
   // H200, interleaved against the release after P V: 1.01-1.05x on the FP8 rows (bench/NOTES.md, session 35).
   static constexpr bool kEarlyRelease = kFp8;
@@ -517,7 +518,7 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   using TiledMmaSSs = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<64>>>()));
-  // kPvRegs: O^T (64 dv a wgmma, the rows as N) += V^T (registers) P^T (P's slab, K-major as stored).
+  // e4m3: O^T (64 dv a wgmma, the rows as N) += V^T (registers) P^T (P's slab, K-major as stored).
   using TiledMmaOt = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float,
                                  cute::Shape<cute::Int<64>, cute::Int<BLOCK_M>, cute::Int<BLOCK_N>>>()));
@@ -565,7 +566,7 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     uint64_t p_full[NUM_STAGES];               // WG0 wrote P / row_scale / info (4 warp arrivals)
     uint64_t pv_done[NUM_STAGES];              // WG1 + WG2 of every cluster CTA finished P V (8 x CLUSTER_M;
                                                // early release: of this CTA, 8)
-    // Early release: WG0's S and both V^T transpositions of every cluster CTA are done with the stage
+    // Early release: WG0's S and the P V warps' V^T loads of every cluster CTA are done with the stage
     // (12 x CLUSTER_M); the producer waits this instead of pv_done.
     uint64_t stage_free[kEarlyRelease ? NUM_STAGES : 1];
     uint64_t kv_ready[kDequantInPv ? NUM_STAGES : 1];  // the stage is de-quantized (8 P V warps)
@@ -1761,8 +1762,8 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
     // runs on the tensor cores: off the path from the de-quantization to the next one.
     auto during_pv = [&] {
       if constexpr (Cfg::kEarlyRelease) {
-        // Stage n is free once S(n) and the V^T transpositions have read it (stage_free), and P V(n)
-        // reads only V^T and P: its refill with tile n + NS runs beside P V(n), off the P V chain.
+        // Stage n is free once S(n) and the V^T loads have read it (stage_free), and P V(n) reads
+        // only V^T (registers) and P: its refill with tile n + NS runs beside P V(n), off the P V chain.
         if (is_producer && ss.prod.valid()) ws_issue_tile<Cfg>(p, seqlens, tmap, ss);
         __syncwarp();  // reconverge before wgmma.wait (.aligned)
       }
