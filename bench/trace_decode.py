@@ -33,7 +33,7 @@ from mla_jit.jit.driver import check, cu  # noqa: E402
 from mla_jit.jit.loader import global_address  # noqa: E402
 from mla_jit.runtimes import registry  # noqa: E402
 
-EVENTS = 10  # kTraceEvents (common/trace.cuh)
+EVENTS = 12  # kTraceEvents (common/trace.cuh)
 SPLITKV = ("entry", "tile0", "first_q", "wg0_done", "pv_done", "exit", "tiles", "smid")
 COMBINE = ("entry", "go", "done", "splits")
 

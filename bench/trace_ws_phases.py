@@ -9,6 +9,8 @@ WG0's thread 0 and thread 128 (a P V warpgroup) record %clock64 at 8 points of t
 CTA (WsPhaseTrace); this prints the median over those rows, in SM clocks:
   WG0  wait    tile n's stage announced (sparse: kv_ready; fp8: TMA full)   S    S(n) issued and done
        smax    softmax, P(n) stored (sparse: and published)                 gap  to the next tile's wait
+       fp8, smax's parts: soft  the softmax (and a piece end's rows)   slot  the wait for P(n)'s slot
+       (P V(n - 2) done)   store  P(n) stored
   P V  sparse: deq    named barrier -> tile n + 1 de-quantized               waitP  -> P(n) arrived
        fp8:    deq    wait for tile n's bytes + V^T chunk 0 into registers   waitP  -> P(n) arrived
        pv      P V(n) (sparse: with the gather beside it; fp8: chunks 1-3's V^T loads between its wgmmas)
@@ -70,12 +72,17 @@ def main() -> None:
     traced_calls(tables, flush, call, args.runs)
     rows = {r[0]: r[1:] for address, nbytes in tables for r in _read(address, nbytes)}
     complete = {i: r for i, r in rows.items() if all(r[:8])}
-    names = ("wait", "S", "smax", "gap", "deq", "waitP", "pv", "loop", "rel", "tma", "rest", "period")
+    names = ("wait", "S", "smax", "soft", "slot", "store", "gap", "deq", "waitP", "pv", "loop", "rel", "tma",
+             "rest", "period")
     spans = {n: [] for n in names}
     for i, r in complete.items():
         spans["wait"].append(r[1] - r[0])
         spans["S"].append(r[2] - r[1])
         spans["smax"].append(r[3] - r[2])
+        if r[10] and r[11]:   # (e4m3: around the wait for P(n)'s slot)
+            spans["soft"].append(r[10] - r[2])
+            spans["slot"].append(r[11] - r[10])
+            spans["store"].append(r[3] - r[11])
         spans["deq"].append(r[5] - r[4])
         spans["waitP"].append(r[6] - r[5])
         spans["pv"].append(r[7] - r[6])

@@ -10,7 +10,7 @@
 namespace mla_jit {
 
 constexpr int kTraceCtas = 4096;
-constexpr int kTraceEvents = 10;
+constexpr int kTraceEvents = 12;
 
 #ifdef MLA_JIT_TRACE
 __device__ __forceinline__ unsigned long long trace_now() {

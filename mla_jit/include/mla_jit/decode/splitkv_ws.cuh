@@ -188,7 +188,8 @@ struct WsCursor {
 // in registers; both: 6 P(n) arrived, 7 P V(n) (e4m3: with chunks 1-3's V^T loads) and the work
 // beside it done.
 // e4m3, the TMA producer (thread 128) at the refill it issues beside P V(n) (tile n + NS):
-// 8 the stage released (stage_free of tile n waited), 9 the tile's loads issued.
+// 8 the stage released (stage_free of tile n waited), 9 the tile's loads issued; WG0's thread 0:
+// 10 / 11 before / after its wait for P(n)'s slot (pv_done of tile n - 2), between 2 and 3.
 struct WsPhaseTrace {
   static constexpr int kFirstTile = 8, kTiles = 8;
   __device__ __forceinline__ static void mark(int n, int event) {
@@ -1186,7 +1187,9 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, Lens
     if constexpr (Cfg::kEarlyRelease) {
       // P(n)'s slot held P(n - 2): both P V warpgroups are done with it (and with tile n - 2's
       // row_scale / info, read before their arrival; stage n % NS's are rewritten only at n + NS).
+      if (tw == 0) WsPhaseTrace::mark(n, 10);
       if (n >= 2) mbarrier_wait(&ss.pv_done[(n - 2) % NS], ((n - 2) / NS) & 1);
+      if (tw == 0) WsPhaseTrace::mark(n, 11);
     }
     ws_store_p<Cfg>(ss, st, tw, row0, stage, sc, fin, last, n);
 
