@@ -1494,14 +1494,17 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile_regs(typename Cfg::SharedStorag
                 "V^T register fragment layout (ws_load_vt_frag)");
   Element* kv = ss.kv[stage];
   const uint32_t kv_half = smem_addr(kv + half * (DV / 2) * BN);
-  const int valid = ss.tile_valid[stage];
-  // Two A sets of one chunk each (8 registers), in turns: O^T's 128 accumulators leave no room for
-  // all four chunks' 32 (ptxas spilled and serialized the wgmmas). Chunks 0 and 1 are loaded as
-  // soon as the tile has landed, 2 and 3 once the wgmmas of 0 and 1 (their set's last readers) are done.
+  // One A set of one chunk (8 registers): O^T's 128 accumulators leave no room for more (all four
+  // chunks' 32 spilled 192 bytes, two sets in turns 64, and ptxas serialized every wgmma with
+  // either). Chunk 0 is loaded as soon as the tile has landed, chunk mb + 1 once chunk mb's wgmmas
+  // (the set's last readers) are done.
   using FragA = decltype(make_tensor<Element>(partition_shape_A(TiledMmaOt{}, Shape<_64, Int<BN>>{})));  // (V, 1, 2)
   FragA a;
   if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 4);
   mbarrier_wait(&ss.full[stage], phase);
+  // The producer writes the tile's valid count before its arrival on full: read after the wait
+  // (before it, the first tiles of a CTA could see a stale or unwritten count).
+  const int valid = ss.tile_valid[stage];
   ws_load_vt_frag<Cfg>(kv_half, 0, valid, tid_wg, a);
   if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 5);
   mbarrier_wait(&ss.p_full[stage], phase);
