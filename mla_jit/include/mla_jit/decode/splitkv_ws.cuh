@@ -456,9 +456,6 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // tile parity (aux) and whose end (pv_done) WG0 waits before reusing a P slot. See "Synchronization".
   // H200, interleaved against the release after P V: 1.01-1.05x on the FP8 rows (bench/NOTES.md, session 35).
   static constexpr bool kEarlyRelease = kFp8;
-  // e4m3: O^T = V^T P^T, V^T the register A operand built straight from the K tile, P's slab the
-  // B operand; O^T's columns are the query rows (ws_pv_tile_regs; see the header).
-  static constexpr bool kPvRegs = kFp8;
   // Column chunks a TMA load covers: 1 (a 3-D box of 64 columns, kColChunks loads a tile), or more
   // (pages >= 64: a 4-D box whose outermost dimension is the chunk, so that one load writes the
   // chunk-major slabs of that many chunks; the H200 trace gave the 9 issues of an e4m3 d = 576 tile
@@ -543,9 +540,9 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     alignas(1024) Element kv[NUM_STAGES][BLOCK_N * HEAD_DIM];
     alignas(1024) Element aux[kAuxElems];
     alignas(256) Element q16[kFp8 ? 16 : BLOCK_M * 16];  // Q[:, kQRegCols:DV] (16-bit)
-    // kPvRegs: whether any row of WG0's warp w rescaled O in the tile of stage s (O^T's columns are
+    // e4m3: whether any row of WG0's warp w rescaled O in the tile of stage s (O^T's columns are
     // every row: one 16-byte read tells the P V thread whether to load its 16 rows' scales).
-    alignas(16) int tile_rescale[kPvRegs ? NUM_STAGES : 1][4];
+    alignas(16) int tile_rescale[kFp8 ? NUM_STAGES : 1][4];
     // O rescale of the tile in stage s: exp2(m_old - m_new), times 1/l at the last tile of a piece
     // (whose P is scaled by 1/l as well, so the P V warpgroups store O as it is). e4m3: P stays
     // unnormalized (P / l would fall below e4m3's range), and [BLOCK_M + row] holds the factor O
@@ -1093,7 +1090,7 @@ __device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSo
   } else {
     store_acc_sw128_stsm<Element, 64>(smem_addr(pbuf), tw, st.tSrS);
   }
-  if constexpr (Cfg::kPvRegs) {
+  if constexpr (Cfg::kFp8) {
     const bool any = __any_sync(0xffffffffu, sc[0] != 1.f || sc[1] != 1.f);
     if (tw % 32 == 0) ss.tile_rescale[stage][tw / 32] = any;
   }
@@ -1427,7 +1424,7 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
   return info;
 }
 
-// ---- e4m3 (kPvRegs): O^T = V^T P^T with V^T in registers ----
+// ---- e4m3: O^T = V^T P^T with V^T in registers ----
 // Warp w of a P V warpgroup owns dv 16w .. 16w + 15 of each of its half's four 64-dv chunks (the
 // M blocks of O^T). Per chunk and 32-token k-step one ldmatrix .x4 .trans (matrix i: tokens 8i ..
 // 8i + 7 of the step, the warp's 16 dv bytes) gives lane l (p = l / 4, q = l % 4) dv bytes 2p, 2p + 1
@@ -1481,7 +1478,7 @@ __device__ __forceinline__ void ws_scale_ot_columns(FragO& tOrO, const float* f,
   }
 }
 
-// ws_pv_tile for e4m3 (kPvRegs): the tile's V^T into registers as soon as it has landed, the stage released
+// ws_pv_tile for e4m3: the tile's V^T into registers as soon as it has landed, the stage released
 // (its last reader), then O^T (+)= V^T P^T once P is published: 4 chunks x 2 k-steps of m64n64k32.
 template <typename Cfg, typename TiledMmaOt, typename FragO, typename During>
 __device__ __forceinline__ WsTileInfo ws_pv_tile_regs(typename Cfg::SharedStorage& ss, TiledMmaOt& mma_ot,
@@ -1547,7 +1544,7 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile_regs(typename Cfg::SharedStorag
   return info;
 }
 
-// ws_store_o for kPvRegs: thread (w, p, q) holds O[row 8j + 2q + e][dv half 256 + 64 mb + 16w + 2p, + 1].
+// ws_store_o for e4m3: thread (w, p, q) holds O[row 8j + 2q + e][dv half 256 + 64 mb + 16w + 2p, + 1].
 template <typename Cfg, typename FragO>
 __device__ __forceinline__ void ws_store_ot(const DecodeParams& p, typename Cfg::SharedStorage& ss, const FragO& tOrO,
                                             const WsTileInfo& info, int half, int tid) {
@@ -1707,10 +1704,10 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
     __syncwarp();  // reconverge warp 4 before any .aligned instruction
   }
 
-  // O's half (kPvRegs: O^T's, dv x rows).
-  conditional_t<Cfg::kPvRegs, typename Cfg::TiledMmaOt, typename Cfg::TiledMmaO> mma_o;
+  // O's half (e4m3: O^T's, dv x rows; ws_pv_tile_regs).
+  conditional_t<Cfg::kFp8, typename Cfg::TiledMmaOt, typename Cfg::TiledMmaO> mma_o;
   Tensor tOrO = partition_fragment_C(
-      mma_o, conditional_t<Cfg::kPvRegs, Shape<Int<DV / 2>, Int<BM>>, Shape<Int<BM>, Int<DV / 2>>>{});
+      mma_o, conditional_t<Cfg::kFp8, Shape<Int<DV / 2>, Int<BM>>, Shape<Int<BM>, Int<DV / 2>>>{});
 #pragma unroll
   for (int i = 0; i < size(tOrO); ++i) tOrO(i) = 0.f;
 
@@ -1782,7 +1779,7 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
       }
     };
     WsTileInfo info;
-    if constexpr (Cfg::kPvRegs) {
+    if constexpr (Cfg::kFp8) {
       info = ws_pv_tile_regs<Cfg>(ss, mma_o, tOrO, stage, phase, fresh, half, tw, tw % 32, during_pv, n);
       if (info.last) ws_store_ot<Cfg>(p, ss, tOrO, info, half, tid);
     } else {
