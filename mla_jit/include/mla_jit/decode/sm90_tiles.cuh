@@ -116,7 +116,7 @@ __device__ __forceinline__ void issue_pv_half(TiledMmaO& mma_o, int tw, typename
 
 // ---- e4m3 P V: the token order of P's columns and V^T's columns ----
 // FP8 wgmma reads both operands K-major, so V (tokens x dv in the cache) is transposed on chip, into
-// the registers of the A operand of O^T = V^T P^T (splitkv_ws.cuh, ws_load_vt_frag). ldmatrix .trans
+// the registers of the A operand of O^T = V^T P^T (splitkv_ws.cuh, ws_load_vt_kstep). ldmatrix .trans
 // (16-bit elements) does most of it: per 8 x 16-byte matrix it gives lane l (p = l / 4, q = l % 4)
 // dv bytes (2p, 2p + 1) of tokens (2q, 2q + 1); two byte permutes per register pair then give 4
 // tokens of one dv byte. The tokens come out in a fixed order: slot 4q + {0, 1, 2, 3} of each
@@ -135,8 +135,8 @@ __device__ __forceinline__ uint32_t sw64_offset(int r, int c) {
 // 16-byte chunk are an 8 x 8 16-bit matrix in stmatrix's fragment order. So a warp's 16 rows x 4
 // chunks are two stmatrix .x4 (matrix m: rows + 8 (m & 1), chunk 2q + (m >> 1)): 16 scattered
 // 16-bit stores and their per-tile address arithmetic took ~150 instructions of the softmax
-// warpgroup's chain. HALVES 1 (compact rows): row0 + 8 is padding, written as zeros.
-template <int HALVES = 2, typename Frag>
+// warpgroup's chain.
+template <typename Frag>
 __device__ __forceinline__ void store_p_e4m3_sw64(uint32_t slab, int tw, const Frag& s) {
   static_assert(cute::size(Frag{}) == 32, "a 64 x 64 accumulator fragment");
   const int lane = tw % 32, m = lane / 8;
@@ -144,7 +144,6 @@ __device__ __forceinline__ void store_p_e4m3_sw64(uint32_t slab, int tw, const F
   const uint32_t row_addr = slab + uint32_t(row * 64);
   const int sw = (row >> 1) & 3;                            // SW64: chunk index XOR (row / 2) % 4
   auto word = [&](int k, int h) -> uint32_t {               // chunk k, row half h of this thread
-    if (h >= HALVES) return 0u;
     const int j = 2 * k;
     return uint32_t(pack_e4m3x2(s(j * 4 + h * 2), s(j * 4 + h * 2 + 1))) |
            (uint32_t(pack_e4m3x2(s(j * 4 + 4 + h * 2), s(j * 4 + 5 + h * 2))) << 16);
@@ -154,6 +153,22 @@ __device__ __forceinline__ void store_p_e4m3_sw64(uint32_t slab, int tw, const F
     const uint32_t addr = row_addr + uint32_t((((2 * q + (m >> 1)) ^ sw) & 3) << 4);
     stmatrix_x4(addr, word(2 * q, 0), word(2 * q, 1), word(2 * q + 1, 0), word(2 * q + 1, 1));
   }
+}
+
+// Compact rows (a thread's row0 + 8 is padding): warp w's rows 16w .. 16w + 7 (query rows 8w ..
+// 8w + 7) go to slab rows 8w .. 8w + 7 of a 32-row slab, the P^T operand of an N = 32 P V. One
+// stmatrix .x4: matrix m is chunk m of the 8 rows.
+template <typename Frag>
+__device__ __forceinline__ void store_p_e4m3_compact_sw64(uint32_t slab, int tw, const Frag& s) {
+  static_assert(cute::size(Frag{}) == 32, "a 64 x 64 accumulator fragment");
+  const int lane = tw % 32, m = lane / 8;
+  const int row = (tw / 32) * 8 + lane % 8;
+  const int sw = (row >> 1) & 3;
+  auto word = [&](int k) -> uint32_t {
+    const int j = 2 * k;
+    return uint32_t(pack_e4m3x2(s(j * 4), s(j * 4 + 1))) | (uint32_t(pack_e4m3x2(s(j * 4 + 4), s(j * 4 + 5))) << 16);
+  };
+  stmatrix_x4(slab + uint32_t(row * 64 + (((m ^ sw) & 3) << 4)), word(0), word(1), word(2), word(3));
 }
 
 // ---- 16-bit q over an e4m3 cache ----

@@ -88,7 +88,7 @@
 // (row_scale[s][BM + row]), which the P V warpgroups apply to O after that tile's P V. FP8 wgmma
 // reads both operands K-major, and V is MN-major in the cache: each P V warpgroup computes O^T =
 // V^T P^T instead, V^T its register A operand built straight from the landed K tile (ldmatrix .trans
-// and byte permutes, in a token order that P's columns share: ws_load_vt_frag), P's slab as stored
+// and byte permutes, in a token order that P's columns share: ws_load_vt_kstep), P's slab as stored
 // the B operand, a 64-dv chunk at a time (ws_pv_tile_regs). It zeroes tokens >= L there itself (the
 // producer notes each tile's valid tokens in tile_valid[s]): WG0's tail zeroing runs concurrently.
 // O^T's columns are the query rows: the lazy rescale reads WG0's per-warp flags (tile_rescale[s]),
@@ -500,7 +500,11 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   static constexpr bool kPInRope = HEAD_DIM > HEAD_DIM_V && !kEarlyRelease;
   // aux: 16-bit Q rope (BLOCK_M x 64) when kPInRope, else one P tile (BLOCK_M x BLOCK_N) per stage
   // (early release: per tile parity).
-  static constexpr int kPSlots = kEarlyRelease ? 2 : NUM_STAGES;
+  // Early release: P(n) in slot n % kEarlyPSlots, whose previous P V (n - kEarlyPSlots) WG0 waits for
+  // before the store; the other stage-indexed slots (row_scale, tile_rescale, info) need it <= NS.
+  static constexpr int kEarlyPSlots = 2;
+  static_assert(!kEarlyRelease || kEarlyPSlots <= NUM_STAGES, "a P V wait per P slot covers the stage's slots");
+  static constexpr int kPSlots = kEarlyRelease ? kEarlyPSlots : NUM_STAGES;
   static constexpr int kAuxElems = kPInRope ? (kFp8 ? 16 : BLOCK_M * 64) : kPSlots * BLOCK_M * BLOCK_N;
 
   // Q[:, kQRegCols:DV]: 64 x 16, K-major with the 32B swizzle (16-bit only; a 32-column e4m3
@@ -517,9 +521,14 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<64>>>()));
   // e4m3: O^T (64 dv a wgmma, the rows as N) += V^T (registers) P^T (P's slab, K-major as stored).
+  // Compact rows: N is the 32 query rows alone (WG0 stores P(row r) at slab row r), which halves the
+  // P V wgmmas and O^T's accumulators.
+  static constexpr int kOtRows = kTileQueryRows;
   using TiledMmaOt = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<64>, cute::Int<BLOCK_M>, cute::Int<BLOCK_N>>>()));
+                                 cute::Shape<cute::Int<64>, cute::Int<kOtRows>, cute::Int<BLOCK_N>>>()));
+  using SmemLayoutPt = decltype(cute::tile_to_shape(typename Tiles::SwAtom{},
+                                                    cute::Shape<cute::Int<kOtRows>, cute::Int<BLOCK_N>>{}));
 
   // KV_FP8: tile n lands in slot n % NUM_STAGES (the cache's e4m3 bytes) and is de-quantized into
   // kv[n % NUM_STAGES]. A base class, empty otherwise: the 16-bit kernels have no byte to spare.
@@ -1083,10 +1092,12 @@ __device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSo
     pbuf = kv + DV * BN;  // the rope slab of this tile: free once every warp's S(n) is done
     named_barrier_sync(kBarWG0, 128);
   } else {
-    pbuf = ss.aux + (Cfg::kEarlyRelease ? tile & 1 : stage) * (BM * BN);
+    pbuf = ss.aux + (Cfg::kEarlyRelease ? unsigned(tile) % Cfg::kPSlots : stage) * (BM * BN);
   }
-  if constexpr (Cfg::kFp8) {
-    store_p_e4m3_sw64<Cfg::kRowHalves>(smem_addr(pbuf), tw, st.tSrS);
+  if constexpr (Cfg::kFp8 && Cfg::kCompactRows) {
+    store_p_e4m3_compact_sw64(smem_addr(pbuf), tw, st.tSrS);
+  } else if constexpr (Cfg::kFp8) {
+    store_p_e4m3_sw64(smem_addr(pbuf), tw, st.tSrS);
   } else {
     store_acc_sw128_stsm<Element, 64>(smem_addr(pbuf), tw, st.tSrS);
   }
@@ -1182,10 +1193,11 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, Lens
     float lse2[2] = {-kInf, -kInf}, fin[2];
     if (last) ws_finish_rows<Cfg>(p, st, row0, sc, lse2, fin, fp8_v_scale);
     if constexpr (Cfg::kEarlyRelease) {
-      // P(n)'s slot held P(n - 2): both P V warpgroups are done with it (and with tile n - 2's
-      // row_scale / info, read before their arrival; stage n % NS's are rewritten only at n + NS).
+      // P(n)'s slot held P(n - kPSlots): both P V warpgroups are done with it (and with that tile's
+      // and earlier tiles' row_scale / info, read before their arrival; kPSlots <= NS).
       if (tw == 0) WsPhaseTrace::mark(n, 10);
-      if (n >= 2) mbarrier_wait(&ss.pv_done[(n - 2) % NS], ((n - 2) / NS) & 1);
+      constexpr int kSlots = Cfg::kPSlots;
+      if (n >= kSlots) mbarrier_wait(&ss.pv_done[(n - kSlots) % NS], ((n - kSlots) / NS) & 1);
       if (tw == 0) WsPhaseTrace::mark(n, 11);
     }
     ws_store_p<Cfg>(ss, st, tw, row0, stage, sc, fin, last, n);
@@ -1434,45 +1446,57 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
 // p + 8 is dv 16w + 2p + 1: a thread holds adjacent dv pairs. Tokens >= valid become 0 (rows past a
 // sequence's end may hold NaN).
 template <typename Cfg, typename FragA>
-__device__ __forceinline__ void ws_load_vt_frag(uint32_t kv_half, int mb, int valid, int tw, FragA& tOrA) {
+__device__ __forceinline__ void ws_load_vt_kstep(uint32_t kv_half, int mb, int ks, int valid, int tw, FragA& tOrA) {
   constexpr int BN = Cfg::BLOCK_N;
   static_assert(BN == 64, "two 32-token k-steps");
   const int lane = tw % 32, w = tw / 32, i = lane / 8, rr = lane % 8, q = lane % 4;
   // Row 32 ks + 8 i + rr of chunk slab mb, byte column 16 w (SW64: chunk XOR (row / 2) % 4, and
   // (32 ks + 8 i) / 2 % 4 == 0): a per-lane base plus immediates.
   const uint32_t base = kv_half + uint32_t((8 * i + rr) * 64 + (((w ^ (rr >> 1)) & 3) << 4));
+  uint32_t r[4];
+  ldmatrix_x4_trans(base + uint32_t(mb * BN * 64 + ks * 32 * 64), r);
+  if (valid < BN) {  // a sequence's last tile (uniform)
 #pragma unroll
-  for (int ks = 0; ks < 2; ++ks) {
-    uint32_t r[4];
-    ldmatrix_x4_trans(base + uint32_t(mb * BN * 64 + ks * 32 * 64), r);
-    if (valid < BN) {  // a sequence's last tile (uniform)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int t = 32 * ks + 8 * j + 2 * q;
-        r[j] &= (t < valid ? 0xffffu : 0u) | (t + 1 < valid ? 0xffff0000u : 0u);
-      }
+    for (int j = 0; j < 4; ++j) {
+      const int t = 32 * ks + 8 * j + 2 * q;
+      r[j] &= (t < valid ? 0xffffu : 0u) | (t + 1 < valid ? 0xffff0000u : 0u);
     }
-    auto a = cute::recast<uint32_t>(tOrA(cute::_, 0, ks));
-    a(0) = byte_perm(r[0], r[1], 0x6420);
-    a(1) = byte_perm(r[0], r[1], 0x7531);
-    a(2) = byte_perm(r[2], r[3], 0x6420);
-    a(3) = byte_perm(r[2], r[3], 0x7531);
   }
+  auto a = cute::recast<uint32_t>(tOrA(cute::_, 0, ks));
+  a(0) = byte_perm(r[0], r[1], 0x6420);
+  a(1) = byte_perm(r[0], r[1], 0x7531);
+  a(2) = byte_perm(r[2], r[3], 0x6420);
+  a(3) = byte_perm(r[2], r[3], 0x7531);
 }
 
-// O^T's columns of this thread (tile rows 8j + 2q + e, j < 8, e < 2) times the 16 factors at f
-// (row_scale of a stage: the O rescale, or at BLOCK_M the piece's final factor).
-template <typename FragO>
+// O^T's column c = 8j + 2q + e (j < kOtRows / 8, e < 2) is tile row c, or with compact rows query
+// row c, which is tile row 16j + 2q + e (ws_query_row).
+template <typename Cfg>
+__device__ __forceinline__ int ws_ot_tile_row(int j, int q) { return (Cfg::kCompactRows ? 16 : 8) * j + 2 * q; }
+template <typename Cfg>
+__device__ __forceinline__ int ws_ot_query_row(int m_block, int j, int q, int e) {
+  if constexpr (Cfg::kCompactRows) return m_block * Cfg::kTileQueryRows + 8 * j + 2 * q + e;
+  else return ws_query_row<Cfg>(m_block, 8 * j + 2 * q + e);
+}
+// A thread's O^T accumulators of one 64-dv chunk (M block mb): element 4j + 2h + e is dv row p + 8h
+// of column 8j + 2q + e.
+template <typename Cfg>
+constexpr int kOtChunkRegs = Cfg::kOtRows / 2;
+
+// O^T's columns of this thread times their rows' factors at f (tile-row indexed: row_scale of a
+// stage, the O rescale, or at BLOCK_M the piece's final factor).
+template <typename Cfg, typename FragO>
 __device__ __forceinline__ void ws_scale_ot_columns(FragO& tOrO, const float* f, int q) {
+  constexpr int R = kOtChunkRegs<Cfg>;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float2 c = *reinterpret_cast<const float2*>(f + 8 * j + 2 * q);
+  for (int j = 0; j < Cfg::kOtRows / 8; ++j) {
+    const float2 c = *reinterpret_cast<const float2*>(f + ws_ot_tile_row<Cfg>(j, q));
 #pragma unroll
     for (int mb = 0; mb < 4; ++mb) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        tOrO(32 * mb + 4 * j + 2 * h) *= c.x;
-        tOrO(32 * mb + 4 * j + 2 * h + 1) *= c.y;
+        tOrO(R * mb + 4 * j + 2 * h) *= c.x;
+        tOrO(R * mb + 4 * j + 2 * h + 1) *= c.y;
       }
     }
   }
@@ -1488,13 +1512,15 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile_regs(typename Cfg::SharedStorag
   using Element = typename Cfg::Element;
   constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
   static_assert(cute::is_same_v<typename TiledMmaOt::Atom::Traits::ALayout, GMMA::ALayout_64x32>,
-                "V^T register fragment layout (ws_load_vt_frag)");
+                "V^T register fragment layout (ws_load_vt_kstep)");
   Element* kv = ss.kv[stage];
   const uint32_t kv_half = smem_addr(kv + half * (DV / 2) * BN);
-  // One A set of one chunk (8 registers): O^T's 128 accumulators leave no room for more (all four
-  // chunks' 32 spilled 192 bytes, two sets in turns 64, and ptxas serialized every wgmma with
-  // either). Chunk 0 is loaded as soon as the tile has landed, chunk mb + 1 once chunk mb's wgmmas
-  // (the set's last readers) are done.
+  // One A set (8 registers: a chunk's two k-steps; O^T's 128 accumulators leave no room for more:
+  // all four chunks' 32 spilled 192 bytes, two sets in turns 64, and ptxas serialized every wgmma
+  // with either). The 8 steps (chunk mb, k-step ks) are a commit group each and take the set's
+  // halves in turns: step s + 1's half is loaded once step s - 1 (its last reader) is done, while
+  // step s runs, so one wgmma is always in flight beside the loads. Step 0's and 1's are loaded as
+  // soon as the tile has landed.
   using FragA = decltype(make_tensor<Element>(partition_shape_A(TiledMmaOt{}, Shape<_64, Int<BN>>{})));  // (V, 1, 2)
   FragA a;
   if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 4);
@@ -1502,35 +1528,36 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile_regs(typename Cfg::SharedStorag
   // The producer writes the tile's valid count before its arrival on full: read after the wait
   // (before it, the first tiles of a CTA could see a stale or unwritten count).
   const int valid = ss.tile_valid[stage];
-  ws_load_vt_frag<Cfg>(kv_half, 0, valid, tid_wg, a);
+  ws_load_vt_kstep<Cfg>(kv_half, 0, 0, valid, tid_wg, a);
+  ws_load_vt_kstep<Cfg>(kv_half, 0, 1, valid, tid_wg, a);
   if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 5);
   mbarrier_wait(&ss.p_full[stage], phase);
   if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 6);
   const int q = lane % 4;
   if (!fresh) {  // lazy rescaling: almost every tile has none (one 16-byte read says)
     const int4 any = *reinterpret_cast<const int4*>(ss.tile_rescale[stage]);
-    if (any.x | any.y | any.z | any.w) ws_scale_ot_columns(tOrO, ss.row_scale[stage], q);
+    if (any.x | any.y | any.z | any.w) ws_scale_ot_columns<Cfg>(tOrO, ss.row_scale[stage], q);
   }
-  Tensor sP = make_tensor(make_smem_ptr(ss.aux + (tile & 1) * (BM * BN)), typename Cfg::SmemLayoutSlab{});
+  Tensor sP = make_tensor(make_smem_ptr(ss.aux + unsigned(tile) % Cfg::kPSlots * (BM * BN)),
+                         typename Cfg::SmemLayoutPt{});
   auto thr = mma_ot.get_thread_slice(tid_wg);
   Tensor tOrB = thr.partition_fragment_B(sP);  // (MMA, 1, 2)
   warpgroup_fence_operand(tOrO);
 #pragma unroll
-  for (int mb = 0; mb < 4; ++mb) {
-    if (mb > 0) {
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(a);
-      ws_load_vt_frag<Cfg>(kv_half, mb, valid, tid_wg, a);
+  for (int step = 0; step < 8; ++step) {
+    const int mb = step / 2, ks = step % 2;
+    if (step >= 2) {
+      warpgroup_wait<1>();  // step - 2, this half's last reader, is done (step - 1 runs on)
+      auto half_a = a(_, 0, ks);
+      warpgroup_fence_operand(half_a);
+      ws_load_vt_kstep<Cfg>(kv_half, mb, ks, valid, tid_wg, a);
     }
-    if (mb == 3) ws_release_stage<Cfg>(ss.stage_free, stage, lane);  // V read into registers: its last use
-    warpgroup_fence_operand(a);
+    if (step == 7) ws_release_stage<Cfg>(ss.stage_free, stage, lane);  // V read into registers: its last use
+    auto step_a = a(_, 0, ks);
+    warpgroup_fence_operand(step_a);
     warpgroup_arrive();
-    mma_ot.accumulate_ = fresh ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      gemm(mma_ot, a(_, 0, ks), tOrB(_, 0, ks), tOrO(_, mb, 0));
-      mma_ot.accumulate_ = GMMA::ScaleOut::One;
-    }
+    mma_ot.accumulate_ = fresh && ks == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+    gemm(mma_ot, a(_, 0, ks), tOrB(_, 0, ks), tOrO(_, mb, 0));
     warpgroup_commit_batch();
   }
   during();
@@ -1538,7 +1565,7 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile_regs(typename Cfg::SharedStorag
   warpgroup_fence_operand(tOrO);
   if (tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 7);
   const WsTileInfo info = ss.info[stage];
-  if (info.last) ws_scale_ot_columns(tOrO, ss.row_scale[stage] + BM, q);
+  if (info.last) ws_scale_ot_columns<Cfg>(tOrO, ss.row_scale[stage] + BM, q);
   __syncwarp();
   if (lane == 0) mbarrier_arrive(&ss.pv_done[stage]);  // this CTA's P slot (WG0 waits it)
   return info;
@@ -1556,11 +1583,12 @@ __device__ __forceinline__ void ws_store_ot(const DecodeParams& p, typename Cfg:
   const int tw = tid % 128, lane = tw % 32;
   const int dv0 = half * (DV / 2) + (tw / 32) * 16 + 2 * (lane / 4), q = lane % 4;
   const uint64_t keep = l2_evict_last_policy();
+  constexpr int R = kOtChunkRegs<Cfg>;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < Cfg::kOtRows / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int r = ws_query_row<Cfg>(m_block, 8 * j + 2 * q + e);
+      const int r = ws_ot_query_row<Cfg>(m_block, j, q, e);
       if (r >= p.rows) continue;
       if (dest.single) {
         const auto [s, head] = query_row(p, g, r);
@@ -1568,12 +1596,12 @@ __device__ __forceinline__ void ws_store_ot(const DecodeParams& p, typename Cfg:
 #pragma unroll
         for (int mb = 0; mb < 4; ++mb)
           *reinterpret_cast<unsigned*>(o + 64 * mb) =
-              ElemTraits<Out>::pack2(tOrO(32 * mb + 4 * j + e), tOrO(32 * mb + 4 * j + 2 + e));
+              ElemTraits<Out>::pack2(tOrO(R * mb + 4 * j + e), tOrO(R * mb + 4 * j + 2 + e));
       } else {
         float* o = p.o_accum + (((dest.slot * p.h_kv + g) * p.rows + r) * DV + dv0);
 #pragma unroll
         for (int mb = 0; mb < 4; ++mb)
-          st_global_f2_hint(o + 64 * mb, tOrO(32 * mb + 4 * j + e), tOrO(32 * mb + 4 * j + 2 + e), keep);
+          st_global_f2_hint(o + 64 * mb, tOrO(R * mb + 4 * j + e), tOrO(R * mb + 4 * j + 2 + e), keep);
       }
     }
   }
@@ -1707,7 +1735,7 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
   // O's half (e4m3: O^T's, dv x rows; ws_pv_tile_regs).
   conditional_t<Cfg::kFp8, typename Cfg::TiledMmaOt, typename Cfg::TiledMmaO> mma_o;
   Tensor tOrO = partition_fragment_C(
-      mma_o, conditional_t<Cfg::kFp8, Shape<Int<DV / 2>, Int<BM>>, Shape<Int<BM>, Int<DV / 2>>>{});
+      mma_o, conditional_t<Cfg::kFp8, Shape<Int<DV / 2>, Int<Cfg::kOtRows>>, Shape<Int<BM>, Int<DV / 2>>>{});
 #pragma unroll
   for (int i = 0; i < size(tOrO); ++i) tOrO(i) = 0.f;
 
