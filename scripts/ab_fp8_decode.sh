@@ -2,7 +2,8 @@
 # A quick interleaved A/B of the FP8 decode (e4m3 q and cache) on a Hopper GPU: the working tree's
 # kernels against each package copy named (prepared under .prev/, e.g. by scripts/prepare_prev.sh and
 # an edit; carry .prev and .whl), after the FP8 GPU tests on the working tree.
-# Usage: scripts/ab_fp8_decode.sh ROWS PKG...   (ROWS: bench_decode.py --fp8 --rows; 0 skips nothing)
+# Usage: scripts/ab_fp8_decode.sh ROWS PKG...   (ROWS: bench_decode.py --fp8 --rows, the anchor rows;
+# the s_q 1-16 rows always run)
 # SKIP_FP8_TESTS=1 skips the tests; WS_PHASE_CASES as in gpu_run.sh traces the working tree after.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -499,7 +499,7 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // d > dv: P goes into the rope columns of its stage's K tile; 16-bit Q's rope part is in smem.
   static constexpr bool kPInRope = HEAD_DIM > HEAD_DIM_V && !kEarlyRelease;
   // aux: 16-bit Q rope (BLOCK_M x 64) when kPInRope, else one P tile (BLOCK_M x BLOCK_N) per stage
-  // (early release: per tile parity).
+  // (early release: per P slot).
   // Early release: P(n) in slot n % kEarlyPSlots, whose previous P V (n - kEarlyPSlots) WG0 waits for
   // before the store; the other stage-indexed slots (row_scale, tile_rescale, info) need it <= NS.
   static constexpr int kEarlyPSlots = 2;
@@ -1473,6 +1473,7 @@ __device__ __forceinline__ void ws_load_vt_kstep(uint32_t kv_half, int mb, int k
 // row c, which is tile row 16j + 2q + e (ws_query_row).
 template <typename Cfg>
 __device__ __forceinline__ int ws_ot_tile_row(int j, int q) { return (Cfg::kCompactRows ? 16 : 8) * j + 2 * q; }
+// Its query row (ws_query_row of that tile row, with the padding test folded away: 2q + e < 8).
 template <typename Cfg>
 __device__ __forceinline__ int ws_ot_query_row(int m_block, int j, int q, int e) {
   if constexpr (Cfg::kCompactRows) return m_block * Cfg::kTileQueryRows + 8 * j + 2 * q + e;
