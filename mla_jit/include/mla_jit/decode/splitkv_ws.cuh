@@ -502,7 +502,9 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // (early release: per P slot).
   // Early release: P(n) in slot n % kEarlyPSlots, whose previous P V (n - kEarlyPSlots) WG0 waits for
   // before the store; the other stage-indexed slots (row_scale, tile_rescale, info) need it <= NS.
-  static constexpr int kEarlyPSlots = 2;
+  // 3, not 2 (H200, interleaved, bench/NOTES.md session 38): with 2 WG0 waited ~200 clocks a tile
+  // for its slot; 3 is 1.04-1.06x faster at h_q 128 s_q 1, 1.01-1.05x at s_q 2, 0.99x at s_q 4-16.
+  static constexpr int kEarlyPSlots = 3;
   static_assert(!kEarlyRelease || kEarlyPSlots <= NUM_STAGES, "a P V wait per P slot covers the stage's slots");
   static constexpr int kPSlots = kEarlyRelease ? kEarlyPSlots : NUM_STAGES;
   static constexpr int kAuxElems = kPInRope ? (kFp8 ? 16 : BLOCK_M * 64) : kPSlots * BLOCK_M * BLOCK_N;
