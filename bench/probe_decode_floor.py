@@ -9,32 +9,15 @@ much of a short row's time is the flush's write-back rather than the kernel.
 Usage: python3 bench/probe_decode_floor.py
 """
 import functools
-import statistics
 
 import torch
 
 import mla_jit
 from bench_decode import DV, H_KV, flop_and_bytes, make_inputs, quantize_e4m3
+from timing import time_interleaved
 
 SHAPES = [(32, 1, 4096, 16), (32, 1, 32768, 16), (32, 1, 4096, 64), (32, 1, 32768, 64),
           (128, 1, 1024, 16), (128, 1, 4096, 16), (128, 1, 32768, 16), (128, 1, 4096, 64)]
-
-
-def time_calls(calls, before, iters: int = 20) -> list[float]:
-    """Median us of each call, the calls alternating, `before` (a flush) run ahead of every call."""
-    for fn in calls:
-        fn()
-    times = [[] for _ in calls]
-    for _ in range(iters):
-        for k, fn in enumerate(calls):
-            before()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times[k].append(start.elapsed_time(end) * 1e3)
-    return [statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -56,7 +39,7 @@ def main() -> None:
         bytes16 = torch.zeros(2 * bytes8.numel(), dtype=torch.int32, device="cuda")
         _, nbytes = flop_and_bytes(b, s_q, h_q, lens, elem_bytes=1)
         for name, before in flushes.items():
-            t16, t8, r8, r16 = time_calls([bf16, fp8, bytes8.max, bytes16.max], before)
+            t16, t8, r8, r16 = time_interleaved([(lambda: None, fn) for fn in (bf16, fp8, bytes8.max, bytes16.max)], before)
             print(f"{b:>4} {s_k:>6} {h_q:>4} {name:>5} {t16:8.1f} {t8:8.1f} {t16 / t8:6.3f} {r8:9.1f} {r16:9.1f} "
                   f"{t8 / r8:9.3f} {nbytes / t8 / 1e3:8.0f}", flush=True)
         del q, k_cache, q8, k8, bytes8, bytes16

@@ -5,9 +5,11 @@ import time
 import torch
 
 
-def time_interleaved(variants, flush: torch.Tensor, iters: int = 20) -> list[float]:
+def time_interleaved(variants, flush, iters: int = 20) -> list[float]:
     """Median us of each (setup, call) variant, the variants alternating call by call; `setup`
-    (e.g. an env var switch) runs outside the timed window, the L2 is flushed before each call."""
+    (e.g. an env var switch) runs outside the timed window, the L2 is flushed before each call
+    (flush: a tensor that is zeroed, or a function that flushes)."""
+    flush_l2 = flush if callable(flush) else flush.zero_
     for setup, fn in variants:
         setup()
         for _ in range(3):
@@ -16,7 +18,7 @@ def time_interleaved(variants, flush: torch.Tensor, iters: int = 20) -> list[flo
     for _ in range(iters):
         for k, (setup, fn) in enumerate(variants):
             setup()
-            flush.zero_()
+            flush_l2()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
