@@ -91,7 +91,8 @@ def test_sparse_decode_two_head_tiles(case):
 
 @pytest.mark.parametrize("tuning", ["sm_80", "sm_89"])
 @pytest.mark.parametrize("case", [SparseCase(3, 2, 16, 512, topk_length=True, sink=True),
-                                  SparseCase(2, 1, 128, 2048), SparseCase(4, 1, 8, 64, page=16)], ids=str)
+                                  SparseCase(2, 1, 128, 2048), SparseCase(4, 1, 8, 64, page=16),
+                                  SparseCase(2, 2, 16, 512, pow2_scales=False)], ids=str)
 def test_sparse_decode_ampere_ada_tunings(tuning, case, monkeypatch):
     """The Ampere/Ada tunings (sm_89: 3 stages in 99 KB), forced on the Hopper GPU."""
     monkeypatch.setenv("MLA_JIT_ARCH", tuning)
