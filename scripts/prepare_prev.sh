@@ -1,14 +1,27 @@
 #!/usr/bin/env bash
-# Extract a commit's mla_jit package as .prev/mla_jit_prev (git-ignored), so that scripts/gpu_run.sh
-# times it interleaved with the working tree (carry ".prev" to the GPU machine).
-# Usage: scripts/prepare_prev.sh [COMMIT]   (default: HEAD)
+# Extract a commit's mla_jit package as .prev/NAME (git-ignored; default mla_jit_prev), optionally with
+# patches applied (paths as `git diff` writes them, a/mla_jit/...), so that the benchmarks time it
+# interleaved with the working tree (--against-package NAME; carry ".prev" to the GPU machine). Other
+# copies under .prev are kept.
+# Usage: scripts/prepare_prev.sh [COMMIT [NAME [PATCH...]]]   (default: HEAD mla_jit_prev)
+#   e.g. scripts/prepare_prev.sh HEAD mla_jit_split bench/patches/wg0_split_tile_loop.patch
 set -euo pipefail
 cd "$(dirname "$0")/.."
 commit=${1:-HEAD}
-rm -rf .prev && mkdir -p .prev/tmp
-git archive "$commit" mla_jit | tar -x -C .prev/tmp
-mv .prev/tmp/mla_jit .prev/mla_jit_prev && rmdir .prev/tmp
-if grep -rqE "^(from|import) mla_jit" .prev/mla_jit_prev; then
+name=${2:-mla_jit_prev}
+shift $(( $# < 2 ? $# : 2 ))
+case "$name" in
+  mla_jit_*) ;;
+  *) echo "NAME must start with mla_jit_ (got '$name')" >&2; exit 2 ;;
+esac
+tmp=.prev/.tmp_$name
+rm -rf ".prev/$name" "$tmp" && mkdir -p "$tmp"
+git archive "$commit" mla_jit | tar -x -C "$tmp"
+for patch_file in "$@"; do
+  patch --quiet --forward -d "$tmp/mla_jit" -p2 < "$patch_file" || { echo "$patch_file does not apply" >&2; exit 1; }
+done
+mv "$tmp/mla_jit" ".prev/$name" && rmdir "$tmp"
+if grep -rqE "^(from|import) mla_jit" ".prev/$name"; then
   echo "warning: $commit's package imports itself by absolute name; the copy may load the working tree" >&2
 fi
-echo "prepared .prev/mla_jit_prev from $(git rev-parse --short "$commit")"
+echo "prepared .prev/$name from $(git rev-parse --short "$commit")${*:+ with $*}"
