@@ -15,17 +15,21 @@ if ! python3 -c "import cutlass_library" 2>/dev/null; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD:$PWD/.prev${PYTHONPATH:+:$PYTHONPATH}
+# patch(1), or git apply where the machine lacks it (both work outside a git checkout).
+apply_patch() {  # apply_patch FILE [-R]
+  if command -v patch >/dev/null; then patch -p1 --forward --quiet ${2:+-R} < "$1"; else git apply ${2:+-R} "$1"; fi
+}
 status=0
 for spec in "$@"; do
   patch_file=${spec%%=*}
   tests=${spec#*=}
   echo "== tests with $patch_file applied: ${tests//,/ }"
-  if ! patch -p1 --forward --quiet < "$patch_file"; then
+  if ! apply_patch "$patch_file"; then
     echo "$patch_file does not apply to this tree"; status=1; continue
   fi
   python3 -m pytest -q -x -n "${TEST_WORKERS:-8}" -m gpu ${tests//,/ } 2>&1 | tail -n 3
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  patch -p1 -R --quiet < "$patch_file" || { echo "$patch_file did not revert"; exit 1; }
+  apply_patch "$patch_file" -R || { echo "$patch_file did not revert"; exit 1; }
 done
 if [ -n "${FP8_PKGS:-}" ]; then
   # shellcheck disable=SC2086
