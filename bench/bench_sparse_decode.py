@@ -30,6 +30,14 @@ ROWS = [(128, 1, 64, 119.7), (128, 2, 64, 227.1), (128, 1, 128, 188.0), (128, 2,
 TOPK, S_K = 2048, 32768
 
 
+def sparse_call(b: int, s_q: int, h_q: int, topk: int, s_k: int = S_K):
+    """A sparse decode call over FP8 records, this benchmark's inputs (no invalid index, no sink)."""
+    q, records, _, indices, _, _ = make_sparse_inputs(SparseCase(b, s_q, h_q, topk, s_k=s_k, invalid=0.0))
+    sched, _ = mla_jit.get_mla_metadata()
+    return lambda: mla_jit.flash_mla_with_kvcache(q, records, None, None, 512, sched, None, is_fp8_kvcache=True,
+                                                  indices=indices)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--arch", help="tuning forced through MLA_JIT_ARCH (e.g. sm_80, sm_89)")

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import torch
 
 import mla_jit
 from bench_decode import make_inputs, quantize_e4m3
+from bench_sparse_decode import sparse_call
 
 
 def main() -> None:
@@ -33,14 +33,9 @@ def main() -> None:
     if args.schedule:
         os.environ["MLA_JIT_SM90_DECODE_SCHEDULE"] = args.schedule
     if args.sparse:
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-        from sparse_inputs import SparseCase, make_sparse_inputs
-        q, records, _, indices, _, _ = make_sparse_inputs(
-            SparseCase(args.b, args.s_q, args.h_q, args.sparse, s_k=args.s_k, invalid=0.0))
-        sched, _ = mla_jit.get_mla_metadata()
+        call = sparse_call(args.b, args.s_q, args.h_q, args.sparse, s_k=args.s_k)
         for _ in range(3):
-            mla_jit.flash_mla_with_kvcache(q, records, None, None, 512, sched, None, is_fp8_kvcache=True,
-                                           indices=indices)
+            call()
         torch.cuda.synchronize()
         return
     q, k_cache, block_table, lens = make_inputs(args.b, args.s_q, args.s_k, args.h_q)

@@ -20,7 +20,6 @@ import argparse
 import ctypes
 import os
 import statistics
-import sys
 
 os.environ["MLA_JIT_TRACE"] = "1"  # before any kernel is built: part of the cache key
 
@@ -28,6 +27,7 @@ import torch  # noqa: E402
 
 import mla_jit  # noqa: E402
 from bench_decode import make_inputs  # noqa: E402
+from bench_sparse_decode import sparse_call  # noqa: E402,F401  (trace_ws_phases takes it from here)
 from mla_jit.errors import LaunchError  # noqa: E402
 from mla_jit.jit.driver import check, cu  # noqa: E402
 from mla_jit.jit.loader import global_address  # noqa: E402
@@ -86,16 +86,6 @@ def _dense_call(args):
     metadata, num_splits = mla_jit.get_mla_metadata(lens, args.s_q * args.h_q, 1)
     return lambda: mla_jit.flash_mla_with_kvcache(q, k_cache, block_table, lens, 512, metadata, num_splits,
                                                   causal=args.causal)
-
-
-def sparse_call(b: int, s_q: int, h_q: int, topk: int, s_k: int = 32768):
-    """A sparse decode call over FP8 records, inputs as bench_sparse_decode.py (no invalid index)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    from sparse_inputs import SparseCase, make_sparse_inputs
-    q, records, _, indices, _, _ = make_sparse_inputs(SparseCase(b, s_q, h_q, topk, s_k=s_k, invalid=0.0))
-    sched, _ = mla_jit.get_mla_metadata()
-    return lambda: mla_jit.flash_mla_with_kvcache(q, records, None, None, 512, sched, None, is_fp8_kvcache=True,
-                                                  indices=indices)
 
 
 def main() -> None:

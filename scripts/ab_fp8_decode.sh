@@ -9,10 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 rows=$1; shift
 export PYTHONUNBUFFERED=1
-if ! python3 -c "import cutlass_library" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+. scripts/cutlass_site.sh   # the carried nvidia-cutlass wheel where it is not installed
 export PYTHONPATH=$PWD:$PWD/.prev${PYTHONPATH:+:$PYTHONPATH}
 # The bench's and the FP8 tests' kernels, every package in parallel.
 common="head_dim_v=512,block_m=64,block_n=64,page_size=64"

@@ -7,10 +7,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mla_jit_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if ! python3 -c "import cutlass_library" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+. scripts/cutlass_site.sh   # the carried nvidia-cutlass wheel where it is not installed
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 if [ -n "${PREWARM_ARGS:-}" ]; then  # e.g. "--preset deepseek-v3 --op flash_mla_with_kvcache"

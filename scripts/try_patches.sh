@@ -10,10 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-if ! python3 -c "import cutlass_library" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+. scripts/cutlass_site.sh   # the carried nvidia-cutlass wheel where it is not installed
 export PYTHONPATH=$PWD:$PWD/.prev${PYTHONPATH:+:$PYTHONPATH}
 # patch(1), or git apply where the machine lacks it (both work outside a git checkout).
 apply_patch() {  # apply_patch FILE [-R]
