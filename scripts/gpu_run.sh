@@ -28,6 +28,8 @@ for schedule in ws ws_unfused; do
       configs+=(--config "mla_decode_sm90:dtype=$dtype,head_dim=$d,page_size=$page,head_dim_v=512,block_m=64,block_n=64,num_stages=$stages,schedule=$schedule,cluster_m=$cluster,kv_dtype=$kv")
       # Compact rows (at most 32 query rows a KV head), unclustered only.
       [ "$cluster" = 1 ] && configs+=(--config "mla_decode_sm90:dtype=$dtype,head_dim=$d,page_size=$page,head_dim_v=512,block_m=64,block_n=64,num_stages=$stages,schedule=$schedule,cluster_m=1,kv_dtype=$kv,compact_rows=true")
+      # e4m3's S by token halves (S_HALVES_MIN_ROWS query rows a KV head or more), either cluster size.
+      [ "$dtype" = e4m3 ] && configs+=(--config "mla_decode_sm90:dtype=$dtype,head_dim=$d,page_size=$page,head_dim_v=512,block_m=64,block_n=64,num_stages=$stages,schedule=$schedule,cluster_m=$cluster,kv_dtype=$kv,s_halves=true")
     done
   done
 done
@@ -88,7 +90,7 @@ fi
 if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
   # A few cases under memcheck (decode: paged tails with NaN, zero lengths, page 16/256, d=512;
   # SANITIZE_TESTS picks another test file).
-  timeout 400 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+  MLA_JIT_TESTS_UNDER_MEMCHECK=1 timeout 400 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
     ${SANITIZE_TESTS:-tests/test_gpu_decode.py} -k "$SANITIZE" 2>&1 | tee "$OUT/sanitizer.log" | tail -n 6
   echo "compute-sanitizer exit status: ${PIPESTATUS[0]}"
 fi

@@ -4,8 +4,8 @@
 # against the tree. Prepare the copies first (scripts/prepare_prev.sh HEAD NAME PATCH) and carry
 # ".prev" and ".whl".
 # Usage: scripts/try_patches.sh PATCH=TESTS[,TESTS...] ...
-#   e.g. scripts/try_patches.sh bench/patches/wg0_split_tile_loop.patch=tests/test_gpu_decode_fp8.py
-# Environment: FP8_PKGS="mla_jit_split ..." (scripts/ab_fp8_decode.sh 4 against them), SPARSE_PKGS="..."
+#   e.g. scripts/try_patches.sh bench/patches/X.patch=tests/test_gpu_decode_fp8.py
+# Environment: FP8_PKGS="mla_jit_x ..." (scripts/ab_fp8_decode.sh 4 against them), SPARSE_PKGS="..."
 # (bench_sparse_decode.py --arch sm_80 and sm_89 against each), TEST_WORKERS (default 8).
 set -uo pipefail
 cd "$(dirname "$0")/.."

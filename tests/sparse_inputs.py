@@ -53,7 +53,9 @@ class SparseCase:
 
 def quantize_records(kv: torch.Tensor, pow2_scales: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(records (num_blocks, page, 1, 656) uint8, the de-quantized cache (num_blocks, page, 576) float32,
-    each value exactly as the kernel sees it: e4m3 x scale rounded once to bf16, rope as bf16)."""
+    each value as FlashMLA's kernels see it: e4m3 x scale rounded once to bf16, rope as bf16; the sm_80 /
+    sm_89 kernel multiplies the exact e4m3 values and applies the scales to S and P, closer to the float32
+    values than this, so the bounds hold for it too)."""
     num_blocks, page, _ = kv.shape
     # (a slot of gap after each page, 0xFF: NaN scales and values, which a read past a page would show)
     rec = torch.full((num_blocks, page + 1, RECORD_BYTES), 0xFF, dtype=torch.uint8, device=kv.device)[:, :page]

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from mla_jit import presets
-from mla_jit.configs.decode import (SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, accum_rows,
+from mla_jit.configs.decode import (S_HALVES_MIN_ROWS, SUPPORTED_HEAD_DIMS, SUPPORTED_PAGE_SIZES, accum_rows,
                                     decode_config, metadata_config, num_sm_parts)
 from mla_jit.jit.build import build
 from mla_jit.runtimes import registry
@@ -35,7 +35,8 @@ def test_every_supported_config_renders():
             # 3 stages, or 2 (and 2 landing slots) over an e4m3 cache
             assert f"{page}, 64, 64, {2 if kv else 3}, {tail}, {'true' if kv else 'false'},\n" in src.source
             chunks = d // 64 if page >= 64 else 1   # a page per tile: one TMA load a tile
-            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false," in src.source and f"/*CHUNKS_PER_LOAD=*/{chunks}>" in src.source
+            assert "/*SPARSE_KV=*/0, /*COMPACT_ROWS=*/false," in src.source
+            assert f"/*CHUNKS_PER_LOAD=*/{chunks}, /*S_HALVES=*/false>" in src.source
             # The fused-combine kernel ships without the combine kernel.
             assert ("mla_jit_decode_combine(" in src.source) == combine
             assert family.entry_points(cfg)[1:] == (("mla_jit_decode_combine",) if combine else ())
@@ -45,6 +46,14 @@ def test_every_supported_config_renders():
     assert decode_config("e4m3", 576, 512, 64, SM90.tuning, rows=32).compact_rows
     assert not decode_config("e4m3", 576, 512, 64, SM90.tuning, rows=33).compact_rows
     assert not decode_config("e4m3", 576, 512, 64, SM90.tuning).compact_rows
+    # e4m3 at S_HALVES_MIN_ROWS rows a KV head or more: S by token halves; other dtypes never.
+    assert decode_config("e4m3", 576, 512, 64, SM90.tuning, rows=S_HALVES_MIN_ROWS).s_halves
+    assert not decode_config("e4m3", 576, 512, 64, SM90.tuning, rows=S_HALVES_MIN_ROWS - 1).s_halves
+    assert not decode_config("e4m3", 576, 512, 64, SM90.tuning).s_halves
+    assert not decode_config("bf16", 576, 512, 64, SM90.tuning, rows=4096).s_halves
+    assert not decode_config("bf16", 576, 512, 64, SM90.tuning, rows=4096, kv_dtype="e4m3").s_halves
+    src = family.source(decode_config("e4m3", 576, 512, 64, SM90.tuning, rows=2048), SM90).source
+    assert "/*S_HALVES=*/true>" in src and " S by token halves" in src
     src = family.source(decode_config("bf16", 576, 512, 64, SM90.tuning, rows=16), SM90).source
     assert "/*COMPACT_ROWS=*/true," in src and " compact rows 9 chunks a TMA load." in src
     assert decode_config("bf16", 576, 512, 64, SM90.tuning).schedule == "ws"  # the default
@@ -57,7 +66,8 @@ def test_every_supported_config_renders():
 @pytest.mark.parametrize("field,value,match", [("schedule", "baseline", "schedule"), ("cluster_m", 4, "cluster_m"),
                                                ("page_size", 48, "page_size"), ("head_dim_v", 128, "head_dim"),
                                                ("num_stages", 2, "num_stages"), ("dtype", "fp32", "dtype"),
-                                               ("kv_dtype", "fp8", "kv_dtype"), ("kv_dtype", "bf16", "kv_dtype")])
+                                               ("kv_dtype", "fp8", "kv_dtype"), ("kv_dtype", "bf16", "kv_dtype"),
+                                               ("s_halves", True, "s_halves")])
 def test_decode_config_rejects_values_no_kernel_serves(field, value, match):
     """A config built by hand or from a prewarm --config spec is checked when constructed."""
     import dataclasses
@@ -128,10 +138,13 @@ def test_prewarm_covers_every_preset():
     # The default "auto" schedule picks the fused or the unfused ws kernel per call: both warmed,
     # each unclustered and in clusters of 2 (128 heads, or 64 at s_q = 2: two row tiles), for a
     # bf16, e4m3 q and cache, and bf16 q over an e4m3 cache; and compact rows, unclustered (the
-    # TP4 / TP8 presets' 32 / 16 heads at s_q 1: at most 32 rows a KV head).
+    # TP4 / TP8 presets' 32 / 16 heads at s_q 1: at most 32 rows a KV head); e4m3 with S by token
+    # halves too, either cluster size (128 heads at s_q 4: 512 rows a KV head).
     expected = [decode_config(dtype, 576, 512, 64, SM90.tuning, schedule, cluster_m, kv_dtype, rows)
                 for dtype, kv_dtype in (("bf16", None), ("e4m3", None), ("bf16", "e4m3"))
-                for schedule in ("ws", "ws_unfused") for cluster_m, rows in ((1, None), (2, None), (1, 16))]
+                for schedule in ("ws", "ws_unfused")
+                for cluster_m, rows in ((1, None), (2, None), (1, 16), (1, 512), (2, 512))]
+    assert sum(c.s_halves for c in cfgs) == 4
     assert len(cfgs) == len(set(cfgs)) and set(cfgs) == set(expected)
 
 
@@ -201,7 +214,10 @@ def test_decode_kernels_compile_without_spills(cache_root, monkeypatch):
 def test_fp8_decode_kernels_compile_clean(d, page, schedule, cluster_m, cache_root, monkeypatch):
     """e4m3 q and cache, and a 16-bit q over an e4m3 cache (bf16, and fp16 at one shape)."""
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
-    _assert_compiles_clean("mla_decode_sm90", decode_config("e4m3", d, 512, page, SM90.tuning, schedule, cluster_m))
+    # (the page-256 row with S by token halves, as at h_q 128 s_q 4 and more)
+    rows = S_HALVES_MIN_ROWS if page == 256 else None
+    _assert_compiles_clean("mla_decode_sm90", decode_config("e4m3", d, 512, page, SM90.tuning, schedule, cluster_m,
+                                                            rows=rows))
     _assert_compiles_clean("mla_decode_sm90", decode_config("bf16" if page > 16 else "fp16", d, 512, page, SM90.tuning,
                                                             schedule, cluster_m, "e4m3"))
 
@@ -233,7 +249,7 @@ def test_fp8_clustered_tile_box_kernel_compiles_clean(cache_root, monkeypatch):
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
     cfg = decode_config("e4m3", 576, 512, 64, SM90.tuning, "ws_unfused", 2)
     assert cfg.chunks_per_load == 3
-    assert "/*CHUNKS_PER_LOAD=*/3>" in registry.get("mla_decode_sm90").source(cfg, SM90).source
+    assert "/*CHUNKS_PER_LOAD=*/3, /*S_HALVES=*/false>" in registry.get("mla_decode_sm90").source(cfg, SM90).source
     _assert_compiles_clean("mla_decode_sm90", cfg)
 
 

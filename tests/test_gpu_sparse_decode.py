@@ -92,9 +92,15 @@ def test_sparse_decode_two_head_tiles(case):
 @pytest.mark.parametrize("tuning", ["sm_80", "sm_89"])
 @pytest.mark.parametrize("case", [SparseCase(3, 2, 16, 512, topk_length=True, sink=True),
                                   SparseCase(2, 1, 128, 2048), SparseCase(4, 1, 8, 64, page=16),
-                                  SparseCase(2, 2, 16, 512, pow2_scales=False)], ids=str)
+                                  SparseCase(2, 2, 16, 512, pow2_scales=False),
+                                  # two 16-head groups a CTA: a partial second group (24), a CTA whose
+                                  # second group is all padding (40), float32 scales at 64
+                                  SparseCase(3, 1, 24, 512, invalid=0.5, topk_length=True, sink=True),
+                                  SparseCase(3, 2, 40, 320, page=16, topk_length=True, zero_lengths=True),
+                                  SparseCase(2, 1, 64, 1024, invalid=0.3, pow2_scales=False)], ids=str)
 def test_sparse_decode_ampere_ada_tunings(tuning, case, monkeypatch):
-    """The Ampere/Ada tunings (sm_89: 3 stages in 99 KB), forced on the Hopper GPU."""
+    """The Ampere/Ada tunings (sm_89: 3 stages in 99 KB; above 16 heads two 16-head groups a CTA),
+    forced on the Hopper GPU."""
     monkeypatch.setenv("MLA_JIT_ARCH", tuning)
     _check(case)
 

@@ -89,6 +89,9 @@ class DecodeConfig:
     # At most 32 query rows a KV head (one row tile): the rows in the first row half of each warp's
     # 16, so the softmax warpgroup runs its per-row work for one of a thread's two rows (splitkv_ws.cuh).
     compact_rows: bool = False
+    # e4m3: S in two token halves, the first half's softmax beside the second half's wgmmas (splitkv_ws.cuh
+    # kSHalves); decode_config picks it at S_HALVES_MIN_ROWS query rows a KV head and more.
+    s_halves: bool = False
 
     num_threads = 384   # a producer warpgroup, the S/softmax warpgroup, two P V warpgroups
 
@@ -104,6 +107,8 @@ class DecodeConfig:
                      block_m=(BLOCK_M,), block_n=(BLOCK_N,), num_stages=(stages_for(self.dtype, self.kv_dtype),))
         if self.compact_rows and self.cluster_m != 1:   # (at most 32 rows: one row tile)
             raise InvalidArgumentError("DecodeConfig.compact_rows", "False with cluster_m 2", self.compact_rows)
+        if self.s_halves and self.dtype != "e4m3":
+            raise InvalidArgumentError("DecodeConfig.s_halves", "False unless dtype is 'e4m3'", self.s_halves)
         if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
             raise InvalidArgumentError("DecodeConfig.head_dim_v", f"(head_dim, head_dim_v) in {SUPPORTED_HEAD_DIMS}",
                                        f"({self.head_dim}, {self.head_dim_v})")
@@ -171,16 +176,24 @@ def cluster_m_for(row_tiles: int, choice: str = "auto") -> int:
     return 2 if choice != "1" and row_tiles % 2 == 0 else 1
 
 
+# S by token halves (e4m3) from this many query rows a KV head. Interleaved against one S chain (H200,
+# bench/NOTES.md session 39; halves' time / one chain's): 0.962-0.984 at h_q 128 s_q 4-16, 1.029-1.033
+# at h_q 128 s_q 1, 1.001-1.035 at h_q 16 s_q 1-16 (up to 256 rows).
+S_HALVES_MIN_ROWS = 512
+
+
 @functools.lru_cache(maxsize=None)
 def decode_config(dtype: str, head_dim: int, head_dim_v: int, page_size: int, arch: Arch,
                   schedule: str = "ws", cluster_m: int = 1, kv_dtype: str | None = None,
                   rows: int | None = None) -> DecodeConfig:
     """kv_dtype: the cache's dtype where it is not q's (`dtype`). rows: query rows a KV head (s_q x
-    h_q / h_kv), where known: compact rows at most BLOCK_M / 2 (one row tile, half of it padding)."""
+    h_q / h_kv), where known: compact rows at most BLOCK_M / 2 (one row tile, half of it padding); e4m3
+    S by token halves at S_HALVES_MIN_ROWS or more."""
     kv_dtype = None if kv_dtype == dtype else kv_dtype
     return DecodeConfig(dtype, head_dim, head_dim_v, page_size, BLOCK_M, BLOCK_N,
                         num_stages=stages_for(dtype, kv_dtype), schedule=schedule, cluster_m=cluster_m,
-                        kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2 and cluster_m == 1)
+                        kv_dtype=kv_dtype, compact_rows=rows is not None and rows <= BLOCK_M // 2 and cluster_m == 1,
+                        s_halves=dtype == "e4m3" and rows is not None and rows >= S_HALVES_MIN_ROWS)
 
 
 def _chunks_per_load(head_dim: int, page_size: int, cluster_m: int) -> int:

@@ -62,6 +62,10 @@ class Sm80DecodeConfig:
                 self.head_dim != 576 or self.num_stages < 3))):
             raise InvalidArgumentError("Sm80DecodeConfig.sparse", "bf16 (fp8_records: head_dim 576 and >= 3 "
                                        "stages) with sparse", f"{self.dtype}, {self.head_dim}, {self.num_stages}")
+        if self.q_in_registers and self.block_m != 16 and self.sparse != "fp8_records":
+            raise InvalidArgumentError("Sm80DecodeConfig.num_warps", "4 a 16-row tile of Q in registers only over "
+                                       "FP8 records (else Q in smem: block_m / 16 or block_m / 8 warps)",
+                                       f"{self.num_warps} warps at block_m {self.block_m}")
         if (self.head_dim, self.head_dim_v) not in SUPPORTED_HEAD_DIMS:
             raise InvalidArgumentError("Sm80DecodeConfig.head_dim_v",
                                        f"(head_dim, head_dim_v) in {SUPPORTED_HEAD_DIMS}",
@@ -93,8 +97,9 @@ class Sm80DecodeConfig:
 
     @property
     def q_in_registers(self) -> bool:
-        """BLOCK_M 16: Q in registers, QK split over d across 4 warps (splitkv_sm80.cuh)."""
-        return self.block_m == 16
+        """Q in registers, QK split over d across the 4 warps of each 16-row tile (splitkv_sm80.cuh):
+        16 rows and 4 warps, or (FP8 records) 32 rows and 8 warps, two head groups on one K stage."""
+        return _q_in_registers(self.block_m, self.num_warps)
 
     @property
     def smem_bytes(self) -> int:
@@ -175,7 +180,7 @@ def _sm80_smem_bytes(block_m: int, block_n: int, stages: int, warps: int, head_d
         fixed = -(-stages * block_n // 16) * 16   # the tokens' valid flags
     if fp8_k_stages:   # `stages` landing slots of head_dim bytes a token, and the K stages
         stage, fixed = block_n * head_dim, fp8_k_stages * stage
-    if block_m == 16:   # Q in registers: KV stages + xS (a float4 per lane per n8 tile per warp)
+    if _q_in_registers(block_m, warps):   # KV stages + xS (a float4 per lane per n8 tile per warp)
         return stages * stage + fixed + warps * (block_n // 8) * 32 * 16
     wn = warps // (block_m // 16)
     s_nt = block_n // wn // 8
@@ -185,6 +190,11 @@ def _sm80_smem_bytes(block_m: int, block_n: int, stages: int, warps: int, head_d
     p_x = max(block_m * block_n * 2, warps * slots * s_nt * 32 * 16)
     row_max = block_m * 4 if sparse else 0   # sparse: each row's final max for the epilogue
     return block_m * head_dim * 2 + stages * stage + fixed + p_x + 2 * wn * block_m * 4 + block_m * 4 + row_max
+
+
+def _q_in_registers(block_m: int, warps: int) -> bool:
+    """SplitKVSm80Config::kQInRegs: 4 warps a 16-row tile of Q in registers."""
+    return block_m == 4 * warps
 
 
 def _sm80_min_blocks(block_m: int) -> int:

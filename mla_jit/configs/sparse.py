@@ -65,13 +65,17 @@ class SparseWsConfig:
 
 def _tiles(arch: Arch, head_dim: int, kv: str, h_q: int) -> tuple[int, int, int, int]:
     """(block_m, block_n, stages, warps) of the mma.sync kernel. FP8 records, and bf16 rows of at most
-    16 heads: 16 x 16 tiles with Q in registers, 4 stages where they fit (FP8 records 111.6 KB, bf16
-    rows <= 78 KB), else 3 (FP8 records: 84.7 KB on the 99 KB Ada / GA10x blocks). bf16 rows of more
-    heads: 32 x 16, 3 stages, 4 warps (99 KB at d 576); above 32 heads on sm_80 64 x 32 with 8 warps
-    and 2 stages (its 163 KB)."""
+    16 heads: 16-token tiles with Q in registers, 4 warps a 16-head tile; FP8 records above 16 heads
+    two such tiles a CTA (32 heads, 8 warps), so that one de-quantization of a tile feeds 32 heads. 4
+    stages where they fit (FP8 records 111.6 / 115.7 KB at 16 / 32 heads, bf16 rows <= 78 KB), else 3
+    (FP8 records: 84.7 / 88.8 KB on the 99 KB Ada / GA10x blocks). bf16 rows of more heads: 32 x 16,
+    3 stages, 4 warps (99 KB at d 576); above 32 heads on sm_80 64 x 32 with 8 warps and 2 stages (its
+    163 KB)."""
     if kv == FP8_RECORDS or h_q <= BLOCK_M:
-        fits = _sm80_smem_bytes(BLOCK_M, BLOCK_N, 4, NUM_WARPS, head_dim, kv) <= _SMEM_LIMIT[arch.name]
-        return BLOCK_M, BLOCK_N, 4 if fits else 3, NUM_WARPS
+        groups = 2 if kv == FP8_RECORDS and h_q > BLOCK_M else 1
+        block_m, warps = groups * BLOCK_M, groups * NUM_WARPS
+        fits = _sm80_smem_bytes(block_m, BLOCK_N, 4, warps, head_dim, kv) <= _SMEM_LIMIT[arch.name]
+        return block_m, BLOCK_N, 4 if fits else 3, warps
     if h_q <= 32 or arch.name != "sm_80":
         return 32, 16, 3, 4
     return 64, 32, 2, 8

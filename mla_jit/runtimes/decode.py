@@ -4,7 +4,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Iterable
 
-from ..configs.decode import (BLOCK_M, CLUSTER_ENV, SCHEDULE_ENV, SCHEDULES, SPARSE_KV,
+from ..configs.decode import (BLOCK_M, CLUSTER_ENV, S_HALVES_MIN_ROWS, SCHEDULE_ENV, SCHEDULES, SPARSE_KV,
                               SUPPORTED_HEAD_DIMS,
                               DecodeConfig, MetadataConfig, cluster_m_for, decode_config, metadata_config,
                               out_dtype_of)
@@ -60,11 +60,13 @@ def _cluster_sizes(preset: Preset, choice: str) -> list[int]:
 
 
 def _compact_choices(preset: Preset) -> list[int | None]:
-    """decode_config's rows argument for both kernels a preset may take: None (64-row tiles) and,
-    where some s_q of 1 to 4 has at most 32 rows a KV head, those rows (compact rows)."""
+    """decode_config's rows argument for the kernels a preset may take at s_q 1 to 4: None (64-row
+    tiles), the first rows of at most 32 a KV head (compact rows) and the first of S_HALVES_MIN_ROWS
+    or more (e4m3's S by token halves), where some s_q has them."""
     rows = [s_q * preset.num_heads_q // preset.num_heads_kv for s_q in (1, 2, 3, 4)]
     small = [r for r in rows if r <= BLOCK_M // 2]
-    return [None, *small[:1]]
+    large = [r for r in rows if r >= S_HALVES_MIN_ROWS]
+    return [None, *small[:1], *large[:1]]
 
 
 @register
@@ -88,7 +90,8 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
                 "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v,
                 "page_size": cfg.page_size, "block_m": cfg.block_m, "block_n": cfg.block_n,
                 "num_stages": cfg.num_stages, "schedule": cfg.schedule,
-                "compact_rows": "true" if cfg.compact_rows else "false", "chunks_per_load": cfg.chunks_per_load}
+                "compact_rows": "true" if cfg.compact_rows else "false", "chunks_per_load": cfg.chunks_per_load,
+                "s_halves": "true" if cfg.s_halves else "false"}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[DecodeConfig]:
         # auto: which of the two a call takes depends on its batch and lengths; warm both.
@@ -97,13 +100,14 @@ class MlaDecodeSm90Family(KernelFamily[DecodeConfig]):
         # Clustered kernels where a preset's row tiles (s_q 1 to 4) share KV; the unclustered one too
         # (a GPU that cannot keep every cluster resident falls back to it).
         cluster = env.choice(CLUSTER_ENV.name)
-        # Compact rows where a preset's s_q 1 .. 4 has at most 32 rows a KV head.
+        # Compact rows (unclustered) where a preset's s_q 1 .. 4 has at most 32 rows a KV head; e4m3's S by
+        # token halves where it has S_HALVES_MIN_ROWS or more.
         configs = (decode_config(dtype, p.head_dim, p.head_dim_v, p.page_size, arch, schedule, cluster_m, kv_dtype,
                                  rows)
                    for dtype, kv_dtype in _PREWARM_DTYPES
                    for p in _preset_shapes(presets) for schedule in schedules
                    for cluster_m in _cluster_sizes(p, cluster)
-                   for rows in _compact_choices(p) if rows is None or cluster_m == 1)
+                   for rows in _compact_choices(p) if rows is None or rows > BLOCK_M // 2 or cluster_m == 1)
         return list(dict.fromkeys(configs))
 
 

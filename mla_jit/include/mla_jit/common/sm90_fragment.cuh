@@ -155,6 +155,11 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                : "memory");
 }
 
+// stmatrix .x2: lanes 8m .. 8m + 7 (m < 2) give the row addresses of matrix m (the others' unused).
+__device__ __forceinline__ void stmatrix_x2(uint32_t addr, uint32_t r0, uint32_t r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.shared.b16 [%0], {%1, %2};" ::"r"(addr), "r"(r0), "r"(r1) : "memory");
+}
+
 // ldmatrix .x4 .trans: lanes 8m .. 8m + 7 give the row addresses of 8 x 8 (16-bit) matrix m;
 // register m of lane l gets elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4) of it.
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {

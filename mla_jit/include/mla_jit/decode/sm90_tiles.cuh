@@ -171,6 +171,34 @@ __device__ __forceinline__ void store_p_e4m3_compact_sw64(uint32_t slab, int tw,
   stmatrix_x4(slab + uint32_t(row * 64 + (((m ^ sw) & 3) << 4)), word(0), word(1), word(2), word(3));
 }
 
+// Token half t (columns 32 t .. 32 t + 31) of P as store_p_e4m3_sw64 / _compact_sw64 store it, from
+// the half's 16-element fragment h_frag (element i: column 32 t + (i / 4) 8 + col_lane + i % 2).
+template <typename Frag>
+__device__ __forceinline__ void store_p_e4m3_sw64_half(uint32_t slab, int tw, const Frag& hs, int t) {
+  static_assert(cute::size(Frag{}) == 16, "a 64 x 32 accumulator fragment");
+  const int lane = tw % 32, m = lane / 8;
+  const int row = (tw / 32) * 16 + (m & 1) * 8 + lane % 8;
+  const uint32_t row_addr = slab + uint32_t(row * 64);
+  const int sw = (row >> 1) & 3;
+  auto word = [&](int kk, int h) -> uint32_t {  // chunk 2 t + kk of the 16-column chunks, row half h
+    return uint32_t(pack_e4m3x2(hs(8 * kk + h * 2), hs(8 * kk + h * 2 + 1))) |
+           (uint32_t(pack_e4m3x2(hs(8 * kk + 4 + h * 2), hs(8 * kk + 5 + h * 2))) << 16);
+  };
+  const uint32_t addr = row_addr + uint32_t((((2 * t + (m >> 1)) ^ sw) & 3) << 4);
+  stmatrix_x4(addr, word(0, 0), word(0, 1), word(1, 0), word(1, 1));
+}
+template <typename Frag>
+__device__ __forceinline__ void store_p_e4m3_compact_sw64_half(uint32_t slab, int tw, const Frag& hs, int t) {
+  static_assert(cute::size(Frag{}) == 16, "a 64 x 32 accumulator fragment");
+  const int lane = tw % 32, m = (lane / 8) & 1;   // lanes 16-31: addresses unused by .x2
+  const int row = (tw / 32) * 8 + lane % 8;
+  const int sw = (row >> 1) & 3;
+  auto word = [&](int kk) -> uint32_t {
+    return uint32_t(pack_e4m3x2(hs(8 * kk), hs(8 * kk + 1))) | (uint32_t(pack_e4m3x2(hs(8 * kk + 4), hs(8 * kk + 5))) << 16);
+  };
+  stmatrix_x2(slab + uint32_t(row * 64 + ((((2 * t + m) ^ sw) & 3) << 4)), word(0), word(1));
+}
+
 // ---- 16-bit q over an e4m3 cache ----
 // The e4m3 tile (BN tokens x kChunks 64-column chunks, SW64 slabs of 64-byte rows) in a landing slot
 // at `src`, as the 16-bit tile the 16-bit kernel reads (SW128 slabs of 128-byte rows) at `dst`,

@@ -128,8 +128,12 @@ struct SplitKVSm80Config {
   static constexpr int kPendingAtA = kSparseFp8 ? NUM_STAGES - 3 : (kKvFp8 && kKStages == 1) ? NUM_STAGES - 1
                                                                                              : NUM_STAGES - 2;
 
-  // Variant: Q in registers (one 16-row tile, QK split over d across the 4 warps) or in smem.
-  static constexpr bool kQInRegs = BLOCK_M == 16;
+  // Variant: Q in registers (16-row tiles, one per 4 warps: QK split over d across a tile's 4
+  // warps) or in smem. Q in registers with 2 head groups (32 rows, 8 warps): the sparse decode over
+  // FP8 records, whose de-quantized K stage then feeds 32 heads instead of 16.
+  static constexpr bool kQInRegs = BLOCK_M == 4 * NUM_WARPS;
+  static constexpr int kHeadGroups = kQInRegs ? BLOCK_M / 16 : 1;
+  static constexpr int kQWarps = kQInRegs ? 4 : NUM_WARPS;  // warps sharing one row tile's QK and O
   static constexpr int WM = BLOCK_M / 16;
   // Q in smem: S is owned by WM row tiles x WN token groups of WARP_N (after the pair exchange).
   // Q in registers: every warp holds all of S (WN = 1).
@@ -137,10 +141,10 @@ struct SplitKVSm80Config {
   static constexpr int WARP_N = BLOCK_N / WN;
   static constexpr int S_NT = WARP_N / 8;  // n8 tiles of S per warp
   // O = P V: each warp owns WARP_DV output columns of all BLOCK_M rows.
-  static constexpr int WARP_DV = HEAD_DIM_V / NUM_WARPS;
-  static constexpr int kORegs = WM * (WARP_DV / 8) * 4;
-  // Q in registers: k16 steps of d per warp (warp w takes steps 4 j + w).
-  static constexpr int kQKSteps = HEAD_DIM / 16 / NUM_WARPS;
+  static constexpr int WARP_DV = HEAD_DIM_V / kQWarps;
+  static constexpr int kORegs = (kQInRegs ? 1 : WM) * (WARP_DV / 8) * 4;
+  // Q in registers: k16 steps of d per warp (warp w of a head group takes steps 4 j + w).
+  static constexpr int kQKSteps = HEAD_DIM / 16 / kQWarps;
   // Q in smem: QK splits d over kQKSplit warps (2: pairs, 32 rows x WARP_N tokens each; 4: quads,
   // 32 rows x the whole tile each). Quads read Q once per tile instead of once per token group
   // (pairs: WN times): used for 16-token tiles and for 64 x 32 tiles with 8 warps (the sm_80
@@ -161,10 +165,11 @@ struct SplitKVSm80Config {
                 "BLOCK_N in {16, 32, 64}: a multiple of the mma k and a divisor of the metadata block (64)");
   static_assert(NUM_STAGES >= 2, "cp.async pipeline needs >= 2 stages");
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM_V % 64 == 0 && HEAD_DIM_V <= HEAD_DIM, "dims");
-  static_assert(WARP_DV % 64 == 0 && WARP_DV * NUM_WARPS == HEAD_DIM_V,
+  static_assert(WARP_DV % 64 == 0 && WARP_DV * kQWarps == HEAD_DIM_V,
                 "a warp's V column slice is whole swizzle periods (8 chunks)");
-  static_assert(!kQInRegs || (NUM_WARPS == 4 && HEAD_DIM % 64 == 0),
-                "Q in registers: 4 warps, warp w owns chunks 8 j + 2 w + {0, 1} of d");
+  static_assert(!kQInRegs || (HEAD_DIM % 64 == 0 && (kHeadGroups == 1 || (kHeadGroups == 2 && SPARSE_KV_ == 1))),
+                "Q in registers: 4 warps a 16-row tile, warp w owns chunks 8 j + 2 w + {0, 1} of d; 2 tiles only "
+                "for FP8 records");
   static_assert(kQInRegs || (WM % 2 == 0 && NUM_WARPS % WM == 0 && WARP_N % 8 == 0 && WARP_N >= 8),
                 "Q in smem: warp pairs cover 32-row groups x whole n8 tiles of S");
   static_assert(kQKSplit == 2 || NUM_WARPS == 2 * WM, "quads: one group of 4 warps per 32 rows, all tokens");
@@ -214,6 +219,16 @@ struct SplitKVSm80Config {
   static constexpr int kRecordChunks = kRecordBytes / 16, kLandChunks = kLandRowBytes / 16;
   static constexpr int kLandBytes = kSparseFp8 || kKvFp8 ? NUM_STAGES * BLOCK_N * kLandRowBytes : 0;
   static constexpr int kFlagBytes = kSparse ? (NUM_STAGES * BLOCK_N + 15) / 16 * 16 : 0;
+  // FP8 records with Q in registers: the records' scales are folded in where there are few values
+  // instead of multiplying every de-quantized one. Warp w takes the 8 k16 steps of value group w (its
+  // 128 columns, one scale a token) and rope step w, so its partial S is scale_w(token) x (its group
+  // part) + its rope part; its O columns are group w too, so P V takes P x scale_w(token). The K stage
+  // then holds the e4m3 values exactly (dequant_tile: bit arithmetic, no multiply).
+  static constexpr bool kRecordScaleFold = kSparseFp8 && kQInRegs;
+  static_assert(!kRecordScaleFold ||
+                    (Record::kValuesPerScale == WARP_DV && HEAD_DIM_V / Record::kValuesPerScale == kQWarps &&
+                     kQKSteps == Record::kValuesPerScale / 16 + 1 && HEAD_DIM - HEAD_DIM_V == 16 * kQWarps),
+                "scale fold: a value group per warp (its k16 steps and its O columns), a rope k16 step per warp");
 
   // Shared memory map (bytes; every piece 16-byte aligned).
   static constexpr int kQBytes = kQInRegs ? 0 : BLOCK_M * HEAD_DIM * 2;
@@ -239,8 +254,9 @@ struct SplitKVSm80Config {
   static_assert(kSmemBytes <= SMEM_LIMIT, "shared memory budget of the arch (reduce NUM_STAGES / BLOCK_N / BLOCK_M)");
 
   // CTAs per SM the register budget must allow (__launch_bounds__ min blocks): 3 for the small
-  // Q-in-registers kernel (<= 168 registers), else 1 (a 128-thread CTA at <= 255 fits twice anyway).
-  static constexpr int kMinBlocksPerSm = kQInRegs ? 3 : 1;
+  // Q-in-registers kernel (<= 168 registers), else 1 (a 128-thread CTA at <= 255 fits twice anyway;
+  // two head groups' 256 threads at <= 255 once, as smem allows on sm_80 / sm_89).
+  static constexpr int kMinBlocksPerSm = BLOCK_M == 16 ? 3 : 1;
 };
 
 namespace sm80 {
@@ -523,8 +539,8 @@ __device__ __forceinline__ float e4m3_to_f32(unsigned w, int k) {
 }
 
 // Sparse: the e4m3 values of the tile in landing slot sLand, de-quantized (x their 128-value
-// scale, rounded once to bf16 as the float32 reference does) into the K stage at sK, columns
-// 0-511 (swizzled). Thread t converts 8 values (one 16-byte K chunk) per step: a warp reads 256
+// scale, rounded once to bf16 as the float32 reference does; kRecordScaleFold: exactly, without the
+// scale) into the K stage at sK, columns 0-511 (swizzled). Thread t converts 8 values (one 16-byte K chunk) per step: a warp reads 256
 // contiguous bytes and writes one row's 32 chunks.
 template <typename Cfg>
 __device__ __forceinline__ void dequant_tile(unsigned sLand, unsigned sK, int tid) {
@@ -534,17 +550,22 @@ __device__ __forceinline__ void dequant_tile(unsigned sLand, unsigned sK, int ti
     const int tok = u / (Cfg::kNopeBytes / 8), c8 = u % (Cfg::kNopeBytes / 8);
     const unsigned row = sLand + unsigned(tok * Cfg::kLandRowBytes);
     unsigned w0, w1;
-    float scale;
     asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w0), "=r"(w1) : "r"(row + unsigned(c8 * 8)));
-    asm volatile("ld.shared.f32 %0, [%1];\n"
-                 : "=f"(scale)
-                 : "r"(row + unsigned(Cfg::Record::kScaleOffset + (c8 / (Cfg::Record::kValuesPerScale / 8)) * 4)));
     unsigned out[4];
+    if constexpr (Cfg::kRecordScaleFold) {  // exact: the scale is applied to S and P (kRecordScaleFold)
+      const uint4 v = e4m3::oct_to<cutlass::bfloat16_t, false>(w0, w1);
+      out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+    } else {
+      float scale;
+      asm volatile("ld.shared.f32 %0, [%1];\n"
+                   : "=f"(scale)
+                   : "r"(row + unsigned(Cfg::Record::kScaleOffset + (c8 / (Cfg::Record::kValuesPerScale / 8)) * 4)));
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const unsigned w = j < 2 ? w0 : w1;
-      out[j] = ElemTraits<cutlass::bfloat16_t>::pack2(e4m3_to_f32(w, 2 * (j % 2)) * scale,
-                                                      e4m3_to_f32(w, 2 * (j % 2) + 1) * scale);
+      for (int j = 0; j < 4; ++j) {
+        const unsigned w = j < 2 ? w0 : w1;
+        out[j] = ElemTraits<cutlass::bfloat16_t>::pack2(e4m3_to_f32(w, 2 * (j % 2)) * scale,
+                                                        e4m3_to_f32(w, 2 * (j % 2) + 1) * scale);
+      }
     }
     const unsigned dst = sK + unsigned(tok * RC) * 16u + unsigned(((c8 & 7) ^ (tok & 7)) * 16 + (c8 >> 3) * 128);
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(out[0]), "r"(out[1]), "r"(out[2]),
@@ -681,7 +702,8 @@ template <typename Cfg>
 struct QRegsState {
   static constexpr int NKS = Cfg::kQKSteps;       // k16 steps of d per warp
   static constexpr int O_NT = Cfg::WARP_DV / 8;  // n8 tiles of O per warp
-  // Q A fragments of k16 steps 4 j + warp (rows g4, g4 + 8; columns 2 tq + {0, 1} (+ 8)).
+  // Q A fragments of the warp's k16 steps j (qregs_step_col: 4 j + warp, or with kRecordScaleFold its
+  // value group's then its rope step; rows g4, g4 + 8; columns 2 tq + {0, 1} (+ 8)).
   unsigned qf[NKS][4];
   float o[O_NT][4];  // O[:, warp * WARP_DV + ...] of the piece
   float m_run[2];    // running max of rows g4, g4 + 8, log2 units (scaled)
@@ -705,29 +727,38 @@ struct QRegsState {
   }
 };
 
+// The first column of warp w's k16 step j of d: 64 j + 16 w, or (kRecordScaleFold) the 128 columns
+// of value group w, then rope step w.
+template <typename Cfg>
+__device__ __forceinline__ int qregs_step_col(int j, int warp) {
+  if constexpr (Cfg::kRecordScaleFold) return j + 1 < Cfg::kQKSteps ? 128 * warp + 16 * j : Cfg::HEAD_DIM_V + 16 * warp;
+  else return 64 * j + 16 * warp;
+}
+
 // Piece start: Q of batch cur.bi straight into registers (padded rows are zero), the running max
-// and sums reset, the rows' mask limits.
+// and sums reset, the rows' mask limits (m_block: the warp's 16-row tile; warp: its index in the tile's
+// 4 warps).
 template <typename Cfg>
 __device__ __forceinline__ void qregs_start_piece(const DecodeParams& p, const LeanCursor& cur, QRegsState<Cfg>& st,
-                                                  int warp, int g4, int tq) {
+                                                  int warp, int g4, int tq, int m_block) {
   using QElement = typename Cfg::QElement;
   constexpr int NKS = Cfg::kQKSteps;
-  const int g = blockIdx.y, m_block = blockIdx.z;
+  const int g = blockIdx.y;
   const QElement* qb = reinterpret_cast<const QElement*>(p.q) + (long long)cur.bi * p.q_stride_b;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = m_block * 16 + g4 + 8 * h;
     if (r < p.rows) {
       const auto [s, head] = query_row(p, g, r);
-      const QElement* qrow = qb + s * p.q_stride_s + head * p.q_stride_h + 16 * warp + 2 * tq;
+      const QElement* qrow = qb + s * p.q_stride_s + head * p.q_stride_h + 2 * tq;
 #pragma unroll
-      for (int j = 0; j < NKS; ++j) {  // columns 64 j + 16 warp + 2 tq + {0, 1}, and + 8
+      for (int j = 0; j < NKS; ++j) {  // columns qregs_step_col + 2 tq + {0, 1}, and + 8
         if constexpr (Cfg::kQFp8) {
-          const unsigned short* q2 = reinterpret_cast<const unsigned short*>(qrow + 64 * j);
+          const unsigned short* q2 = reinterpret_cast<const unsigned short*>(qrow + qregs_step_col<Cfg>(j, warp));
           st.qf[j][h] = e4m3::pair_to<typename Cfg::Element, Cfg::kHwCvt, 0>(__ldg(q2));
           st.qf[j][h + 2] = e4m3::pair_to<typename Cfg::Element, Cfg::kHwCvt, 0>(__ldg(q2 + 4));
         } else {
-          const unsigned* q2 = reinterpret_cast<const unsigned*>(qrow + 64 * j);
+          const unsigned* q2 = reinterpret_cast<const unsigned*>(qrow + qregs_step_col<Cfg>(j, warp));
           st.qf[j][h] = __ldg(q2);
           st.qf[j][h + 2] = __ldg(q2 + 4);
         }
@@ -767,16 +798,70 @@ __device__ __forceinline__ void qregs_partial_s(const QRegsState<Cfg>& st, unsig
   }
 }
 
-// The warps' partial S exchanged through xS (x_ld: this lane's float4 of warp 0's first n8 tile):
-// after barrier X every warp sums the four partials in the same order, so all warps hold
-// bit-identical S; then the mask (a select: NaN never survives).
+// kRecordScaleFold: the partial S of warp w, scale_w(token) x (Q K^T over value group w) + Q K^T over
+// rope step w (k_lane: the lane's K B-fragment offset without the warp's chunks; s_land: the stage's
+// landing slot). scl gets the thread's tokens' group-w scales (token nt 8 + 2 tq + e), which P takes too.
+template <typename Cfg>
+__device__ __forceinline__ void qregs_partial_s_folded(const QRegsState<Cfg>& st, unsigned sK, unsigned k_lane,
+                                                       unsigned s_land, int warp, int tq,
+                                                       float (&s_acc)[Cfg::BLOCK_N / 8][4],
+                                                       float (&scl)[Cfg::BLOCK_N / 8][2]) {
+  using Element = typename Cfg::Element;
+  constexpr int NKS = Cfg::kQKSteps, NTB = Cfg::BLOCK_N / 8, RC = Cfg::kRowChunks;
+  // The scales first: their loads are in flight during the group's MMAs.
+  const unsigned scale0 = s_land + unsigned(2 * tq * Cfg::kLandRowBytes + Cfg::Record::kScaleOffset + 4 * warp);
+#pragma unroll
+  for (int nt = 0; nt < NTB; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      asm volatile("ld.shared.f32 %0, [%1];\n"
+                   : "=f"(scl[nt][e])
+                   : "r"(scale0 + unsigned((8 * nt + e) * Cfg::kLandRowBytes)));
+#pragma unroll
+  for (int nt = 0; nt < NTB; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s_acc[nt][e] = 0.f;
+  // Group w: chunks 16 w + 2 j + {0, 1}; swizzled, chunk low bits (2 (j % 4) + sub) ^ (row & 7), so
+  // the lane's offset XOR 32 (j % 4) (k_lane's row part is a multiple of 128 bytes).
+#pragma unroll
+  for (int j = 0; j + 1 < NKS; ++j) {
+#pragma unroll
+    for (int np = 0; np < NTB / 2; ++np) {
+      unsigned b[4];
+      ldsm_x4(b, sK + (k_lane ^ unsigned(32 * (j % 4))) +
+                     unsigned(256 * warp + 128 * (j / 4) + np * 16 * RC * 16));
+      Mma<Element>::run(s_acc[2 * np], st.qf[j], b[0], b[1]);
+      Mma<Element>::run(s_acc[2 * np + 1], st.qf[j], b[2], b[3]);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < NTB; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s_acc[nt][e] *= scl[nt][e & 1];
+  // Rope step w: chunks HEAD_DIM_V / 8 + 2 w + {0, 1}.
+#pragma unroll
+  for (int np = 0; np < NTB / 2; ++np) {
+    unsigned b[4];
+    ldsm_x4(b, sK + (k_lane ^ unsigned(32 * warp)) + unsigned(2 * Cfg::HEAD_DIM_V + np * 16 * RC * 16));
+    Mma<Element>::run(s_acc[2 * np], st.qf[NKS - 1], b[0], b[1]);
+    Mma<Element>::run(s_acc[2 * np + 1], st.qf[NKS - 1], b[2], b[3]);
+  }
+}
+
+// The head group's 4 partial S exchanged through xS (x_ld: this lane's float4 of the group's warp 0's
+// first n8 tile; warp: the index in the group): after barrier X every warp sums the four partials in
+// the same order, so the group's warps hold bit-identical S; then the mask (a select: NaN never survives).
 template <typename Cfg>
 __device__ __forceinline__ void qregs_reduce_s(float (&s_acc)[Cfg::BLOCK_N / 8][4], unsigned x_ld, int tok,
-                                               const int (&lim)[2], int warp, int tq, unsigned s_flags) {
-  constexpr int NTB = Cfg::BLOCK_N / 8, W = Cfg::NUM_WARPS, BN = Cfg::BLOCK_N;
+                                               const int (&lim)[2], int warp, int tq, unsigned s_flags, int grp) {
+  constexpr int NTB = Cfg::BLOCK_N / 8, W = Cfg::kQWarps, BN = Cfg::BLOCK_N;
 #pragma unroll
   for (int nt = 0; nt < NTB; ++nt) sts_f4(x_ld + unsigned((warp * NTB + nt) * 32 * 16), s_acc[nt]);
-  __syncthreads();  // X: all partials visible
+  // X: the head group's partials visible (its own xS; the next tile's barrier A orders the reuse)
+  if constexpr (Cfg::kHeadGroups == 1)
+    __syncthreads();
+  else
+    group_barrier_sync<Cfg::kHeadGroups, 4>(grp);
 
   // ---------------- S = sum of the 4 partials (same order in every warp), mask ----------------
 #pragma unroll
@@ -811,11 +896,13 @@ __device__ __forceinline__ void qregs_reduce_s(float (&s_acc)[Cfg::BLOCK_N / 8][
 }
 
 // Online softmax (log2 domain) of S in place: P in registers as the A fragments pa of the P V
-// k16 steps, sc the O rescale of the thread's two rows.
+// k16 steps (kRecordScaleFold: times p_scale, the tokens' scales of the warp's value group), sc the O
+// rescale of the thread's two rows.
 template <typename Cfg>
 __device__ __forceinline__ void qregs_softmax(float scale_log2, float (&s_acc)[Cfg::BLOCK_N / 8][4],
                                               QRegsState<Cfg>& st, float (&sc)[2],
-                                              unsigned (&pa)[Cfg::BLOCK_N / 16][4]) {
+                                              unsigned (&pa)[Cfg::BLOCK_N / 16][4],
+                                              const float (&p_scale)[Cfg::BLOCK_N / 8][2]) {
   using Element = typename Cfg::Element;
   constexpr int NTB = Cfg::BLOCK_N / 8, BN = Cfg::BLOCK_N;
 #pragma unroll
@@ -839,6 +926,13 @@ __device__ __forceinline__ void qregs_softmax(float scale_log2, float (&s_acc)[C
       s_acc[nt][2 * h + 1] = p1;
     }
     st.l_part[h] = st.l_part[h] * sc[h] + sum;
+  }
+  // kRecordScaleFold: P V multiplies this warp's value group, whose scales P takes (l does not).
+  if constexpr (Cfg::kRecordScaleFold) {
+#pragma unroll
+    for (int nt = 0; nt < NTB; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s_acc[nt][e] *= p_scale[nt][e & 1];
   }
   // C fragments of n8 tiles 2 kt, 2 kt + 1 = the A fragment of k16 step kt.
 #pragma unroll
@@ -885,9 +979,9 @@ __device__ __forceinline__ void qregs_pv(QRegsState<Cfg>& st, const float (&sc)[
 template <typename Cfg>
 __device__ __forceinline__ void qregs_finish_piece(const DecodeParams& p, const int* meta, const LeanCursor& cur,
                                                    QRegsState<Cfg>& st, int warp, int g4, int tq, bool lse_writer,
-                                                   float v_scale) {
+                                                   float v_scale, int m_block) {
   constexpr int DV = Cfg::HEAD_DIM_V, WARP_DV = Cfg::WARP_DV;
-  const int g = blockIdx.y, m_block = blockIdx.z;
+  const int g = blockIdx.y;
   float l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -925,7 +1019,8 @@ __device__ __forceinline__ void qregs_finish_piece(const DecodeParams& p, const 
 }  // namespace sm80
 
 // Per KV tile: wait for it, barrier A, refill the freed stage, partial S, exchange (barrier X),
-// softmax, P V; at a piece's end its epilogue.
+// softmax, P V; at a piece's end its epilogue. With 2 head groups (kHeadGroups) every thread loads
+// and de-quantizes the tiles, each group of 4 warps runs the rest for its 16 rows.
 template <typename Cfg>
 __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, const typename Cfg::CacheT* k_cache) {
   constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES;
@@ -938,7 +1033,10 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
   const unsigned sX = s_base + Cfg::kOffP;
 
   const int tid = threadIdx.x;
-  const int warp = tid / 32, lane = tid % 32;
+  const int lane = tid % 32;
+  // Head group grp (rows m_block * 16 ..) and the warp's index in it (its d steps and O columns).
+  const int grp = Cfg::kHeadGroups == 1 ? 0 : tid / 128, warp = (tid / 32) % 4;
+  const int m_block = int(blockIdx.z) * Cfg::kHeadGroups + grp;
   const int g4 = lane / 4, tq = lane % 4, r7 = lane % 8;
   const int part = blockIdx.x, g = blockIdx.y;
 
@@ -959,21 +1057,23 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
   sm80::QRegsState<Cfg> st;
   st.init();
 
-  // K B fragments (x4: tokens 16 np + {0..7, 8..15} x chunks 8 j + 2 warp + {0, 1}): lane base.
-  const unsigned k_lane = unsigned((8 * (lane / 16) + r7) * RC) * 16u + unsigned(((2 * warp + (lane / 8) % 2) ^ r7) * 16);
+  // K B fragments (x4: tokens 16 np + {0..7, 8..15} x chunks 8 j + 2 warp + {0, 1}): lane base
+  // (kRecordScaleFold: without the warp's chunks, qregs_partial_s_folded adds them).
+  const unsigned k_lane = unsigned((8 * (lane / 16) + r7) * RC) * 16u +
+                          unsigned((((Cfg::kRecordScaleFold ? 0 : 2 * warp) + (lane / 8) % 2) ^ r7) * 16);
   // V B fragments (x4.trans: tokens 0-15 of a k16 step x 2 n8 tiles), as in the Q-in-smem variant.
   const int a_chk = lane / 16;
   // Chunk low bits a_chk + 2u = a_chk ^ 2u, so the swizzled offset is v_x ^ 32u (2 registers, not 4).
   const unsigned v_base = unsigned((lane % 8) + 8 * ((lane / 8) % 2)) * RC * 16 + unsigned(warp * WARP_DV / 8) * 16;
   const unsigned v_x = unsigned((a_chk ^ r7) * 16);
-  // xS: float4 [warp][n8 tile][lane].
-  const unsigned x_ld = sX + unsigned(lane) * 16u;
+  // xS: float4 [group][warp][n8 tile][lane].
+  const unsigned x_ld = sX + unsigned(lane) * 16u + unsigned(grp * 4 * NTB * 32 * 16);
 
   bool piece_start = true;
   int stage = 0, land = 0;  // tile n's K stage and (e4m3 cache) landing slot
   while (cur.valid()) {
     if (piece_start) {
-      sm80::qregs_start_piece<Cfg>(p, cur, st, warp, g4, tq);
+      sm80::qregs_start_piece<Cfg>(p, cur, st, warp, g4, tq, m_block);
       piece_start = false;
     }
 
@@ -985,16 +1085,22 @@ __device__ __forceinline__ void mla_splitkv_sm80_qregs(const DecodeParams& p, co
     const unsigned sK = sKV + unsigned(stage) * unsigned(Cfg::kStageBytes);
     const bool last = cur.tok + BN >= cur.stop;
 
-    float s_acc[NTB][4];
-    sm80::qregs_partial_s<Cfg>(st, sK, k_lane, s_acc);
+    float s_acc[NTB][4], scl[NTB][2];
+    if constexpr (Cfg::kRecordScaleFold) {
+      sm80::qregs_partial_s_folded<Cfg>(st, sK, k_lane, sAux + unsigned(stage * BN * Cfg::kLandRowBytes), warp, tq,
+                                        s_acc, scl);
+    } else {
+      sm80::qregs_partial_s<Cfg>(st, sK, k_lane, s_acc);
+    }
     sm80::qregs_reduce_s<Cfg>(s_acc, x_ld, cur.tok, st.lim, warp, tq,
-                              Cfg::kSparse ? sAux + unsigned(Cfg::kLandBytes + stage * BN) : 0u);
+                              Cfg::kSparse ? sAux + unsigned(Cfg::kLandBytes + stage * BN) : 0u, grp);
     float sc[2];
     unsigned pa[BN / 16][4];
-    sm80::qregs_softmax<Cfg>(scales.s_log2, s_acc, st, sc, pa);
+    sm80::qregs_softmax<Cfg>(scales.s_log2, s_acc, st, sc, pa, scl);
     sm80::qregs_pv<Cfg>(st, sc, pa, sK, v_base, v_x);
     if (last) {
-      sm80::qregs_finish_piece<Cfg>(p, meta, cur, st, warp, g4, tq, /*lse_writer=*/warp == 0 && tq == 0, scales.v);
+      sm80::qregs_finish_piece<Cfg>(p, meta, cur, st, warp, g4, tq, /*lse_writer=*/warp == 0 && tq == 0, scales.v,
+                                     m_block);
       piece_start = true;
     }
     stage = stage + 1 == Cfg::kKStages ? 0 : stage + 1;

@@ -394,7 +394,7 @@ __device__ __forceinline__ void ws_write_empty_batches(const DecodeParams& p, in
 template <typename Element_, int HEAD_DIM_, int HEAD_DIM_V_, int PAGE_SIZE_, int BLOCK_M_ = 64,
           int BLOCK_N_ = 64, int NUM_STAGES_ = 3, bool FUSED_COMBINE_ = true, int CLUSTER_M_ = 1,
           bool KV_FP8_ = false, int SPARSE_KV_ = 0, bool COMPACT_ROWS_ = false, int S_FIRST_GROUP_K_ = 18,
-          typename RECORD_ = V32Record, int CHUNKS_PER_LOAD_ = 1>
+          typename RECORD_ = V32Record, int CHUNKS_PER_LOAD_ = 1, bool S_HALVES_ = false>
 struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_> {
   using Tiles = Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_SIZE_, BLOCK_M_, BLOCK_N_, KV_FP8_>;
   using Element = Element_;
@@ -518,6 +518,16 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   using TiledMmaSRs = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float,
                                  cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N>, cute::Int<kQRegCols>>>()));
+  // e4m3: S by token halves (tokens 0-31, then 32-63: two commit groups), the first half's softmax
+  // beside the second half's wgmmas (ws_softmax_halves). The halves' accumulators are the two halves
+  // of S's fragment (elements 0-15: columns 0-31). The configs pick it where it won (configs/decode.py,
+  // S_HALVES_MIN_ROWS): the first half's P is stored, and the stage released, after the slot wait,
+  // which costs the rows of one or two row tiles a KV head more than the overlap gains.
+  static constexpr bool kSHalves = S_HALVES_;
+  static_assert(!kSHalves || kFp8, "S halves: the e4m3 kernel");
+  using TiledMmaSRsHalf = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::Int<BLOCK_M>, cute::Int<BLOCK_N / 2>, cute::Int<kQRegCols>>>()));
   // S smem part (Q[:, kQRegCols:DV] and the rope): both operands from smem, same accumulator layout.
   using TiledMmaSSs = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
@@ -760,6 +770,14 @@ struct WsSoftmaxState {
 
   // Q's fragment as 32-bit registers.
   __device__ __forceinline__ auto q32() { return cute::recast<uint32_t>(tSrQ); }
+  // kSHalves: S's token half t (columns 32 t .. 32 t + 31) as the accumulator of an N = 32 wgmma:
+  // elements 16 t .. 16 t + 15 of tSrS (element i is column (i / 4) 8 + col_lane + i % 2).
+  using FragSHalf = decltype(cute::partition_fragment_C(typename Cfg::TiledMmaSRsHalf{},
+                                                        cute::Shape<cute::Int<BM>, cute::Int<BN / 2>>{}));
+  static_assert(decltype(cute::size(FragSHalf{}))::value * 2 == decltype(cute::size(FragS{}))::value, "S halves");
+  __device__ __forceinline__ auto s_half(int t) {
+    return cute::make_tensor(tSrS.data() + t * int(cute::size(FragSHalf{})), typename FragSHalf::layout_type{});
+  }
 };
 
 // WG0's walk to its first piece, with Q of the first batch prefetched into L2 meanwhile.
@@ -954,6 +972,27 @@ __device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSo
   warpgroup_fence_operand(tSrQ32);
   warpgroup_fence_operand(tSrS);
   warpgroup_arrive();
+  if constexpr (Cfg::kSHalves) {
+    // Token half t: K rows 32 t .. 32 t + 31 of every chunk slab, into S's fragment half t; a commit
+    // group each.
+    typename Cfg::TiledMmaSRsHalf mma_half;
+    auto thr_half = mma_half.get_thread_slice(tw);
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      Tensor sKt = local_tile(sK, Shape<Int<BN / 2>, Int<D>>{}, make_coord(t, 0));
+      Tensor tSrKt = thr_half.partition_fragment_B(sKt);  // (MMA, 1, D / 32)
+      auto acc = st.s_half(t);
+      mma_half.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+      for (int k = 0; k < kRegK; ++k) {
+        gemm(mma_half, st.tSrQ(_, _, k), tSrKt(_, _, k), acc);
+        mma_half.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+    }
+    warpgroup_fence_operand(tSrS);
+    return;
+  }
   mma_rs.accumulate_ = GMMA::ScaleOut::Zero;
   static_assert(Cfg::kSFirstGroupK >= 0 && Cfg::kSFirstGroupK <= kRegK, "S's first commit group");
 #pragma unroll
@@ -984,17 +1023,24 @@ template <typename Cfg>
 __device__ __forceinline__ void ws_wait_s(typename Cfg::SharedStorage& ss, WsSoftmaxState<Cfg>& st, int tw,
                                           int& unpublished) {
   fence_proxy_async_shared();
-  if constexpr (Cfg::kSFirstGroupK > 0) cute::warpgroup_wait<1>();
+  if constexpr (Cfg::kSHalves || Cfg::kSFirstGroupK > 0) cute::warpgroup_wait<1>();
   else cute::warpgroup_wait<0>();
   if (unpublished >= 0) {
     __syncwarp();
     if (tw % 32 == 0) mbarrier_arrive(&ss.p_full[unpublished]);
     unpublished = -1;
   }
-  if constexpr (Cfg::kSFirstGroupK > 0) cute::warpgroup_wait<0>();
-  cute::warpgroup_fence_operand(st.tSrS);
-  auto tSrQ32 = st.q32();
-  cute::warpgroup_fence_operand(tSrQ32);
+  // kSHalves: the second half is waited for in ws_softmax_halves, after the first half's softmax (its
+  // accumulators and Q are still in use by its wgmmas here: only the first half is fenced).
+  if constexpr (Cfg::kSHalves) {
+    auto sa = st.s_half(0);
+    cute::warpgroup_fence_operand(sa);
+  } else {
+    if constexpr (Cfg::kSFirstGroupK > 0) cute::warpgroup_wait<0>();
+    cute::warpgroup_fence_operand(st.tSrS);
+    auto tSrQ32 = st.q32();
+    cute::warpgroup_fence_operand(tSrQ32);
+  }
 }
 
 // Mask and online softmax of S(n) in place: st.tSrS becomes P (not yet divided by l), the running
@@ -1047,6 +1093,80 @@ __device__ __forceinline__ void ws_softmax(const DecodeParams& p, WsSoftmaxState
   }
 }
 
+// kSHalves: ws_softmax in two steps, the first token half's while the second half's wgmmas run (ws_wait_s
+// waited for the first). The first half moves m by its own max; where the second half's max moves it
+// further, the first half's P and sum take the factor too (rare with the lazy rescale).
+template <typename Cfg, bool kMayMask = true>
+__device__ __forceinline__ void ws_softmax_halves(const DecodeParams& p, typename Cfg::SharedStorage& ss,
+                                                  WsSoftmaxState<Cfg>& st, int row0, int col_lane, int stage, int n,
+                                                  float (&sc)[2], float scale_log2) {
+  constexpr int BN = Cfg::BLOCK_N;
+  const int m_block = blockIdx.z;
+  WsCursor& cur = st.cur;
+  auto sa = st.s_half(0);
+  auto sb = st.s_half(1);
+  int lim[2];
+  const bool masked = kMayMask && cur.tok + BN > cur.L - (p.causal ? p.s_q - 1 : 0);
+  if (masked) {
+    if constexpr (Cfg::kCompactRows) lim[1] = kNoQueryRow;
+#pragma unroll
+    for (int h = 0; h < Cfg::kRowHalves; ++h) lim[h] = visible_keys(p, cur.L, ws_query_row<Cfg>(m_block, row0 + 8 * h));
+    mask_invisible(sa, cur.tok, col_lane, lim);
+  }
+  if constexpr (Cfg::kCompactRows) sc[1] = 1.f;
+  float sum_a[2] = {0.f, 0.f}, m_use[2] = {0.f, 0.f};
+#pragma unroll
+  for (int h = 0; h < Cfg::kRowHalves; ++h) {
+    const float mx = row_max(sa, h) * scale_log2;
+    const bool move = mx > st.m_run[h] + kLazyRescaleLog2;
+    const float m_new = move ? mx : st.m_run[h];
+    m_use[h] = m_new == -kInf ? 0.f : m_new;
+    sc[h] = move ? ex2_approx(st.m_run[h] - m_use[h]) : 1.f;
+    st.m_run[h] = m_new;
+    sum_a[h] = exp2_row(sa, h, scale_log2, m_use[h]);
+  }
+  // The first half's P into P(n)'s slot now: a store ptxas keeps before the wait below (it hoists
+  // arithmetic above a wgmma wait, not shared-memory stores), so the first half's softmax runs while
+  // the second half's wgmmas do. The slot held P(n - kPSlots): both P V warpgroups are done with it.
+  const int tw = threadIdx.x % 128;
+  if (tw == 0) WsPhaseTrace::mark(n, 10);
+  if (n >= Cfg::kPSlots) mbarrier_wait(&ss.pv_done[(n - Cfg::kPSlots) % Cfg::NUM_STAGES],
+                                       ((n - Cfg::kPSlots) / Cfg::NUM_STAGES) & 1);
+  if (tw == 0) WsPhaseTrace::mark(n, 11);
+  const uint32_t pslab = smem_addr(ss.aux + unsigned(n) % Cfg::kPSlots * (Cfg::BLOCK_M * Cfg::BLOCK_N));
+  auto store_half = [&](auto& frag, int t) {
+    if constexpr (Cfg::kCompactRows) store_p_e4m3_compact_sw64_half(pslab, tw, frag, t);
+    else store_p_e4m3_sw64_half(pslab, tw, frag, t);
+  };
+  store_half(sa, 0);
+  cute::warpgroup_wait<0>();
+  cute::warpgroup_fence_operand(st.tSrS);
+  auto tSrQ32 = st.q32();
+  cute::warpgroup_fence_operand(tSrQ32);
+  // All of S read K(n) now (ws_softmax_warpgroup releases the stage here, not after the first half).
+  ws_release_stage<Cfg>(ss.stage_free, stage, threadIdx.x % 32);
+  if (masked) mask_invisible(sb, cur.tok + BN / 2, col_lane, lim);
+  bool moved = false;
+#pragma unroll
+  for (int h = 0; h < Cfg::kRowHalves; ++h) {
+    const float mx = row_max(sb, h) * scale_log2;
+    if (mx > st.m_run[h] + kLazyRescaleLog2) {  // m moves again (or first: the first half saw no key)
+      moved = true;
+      const float m_b = mx;
+      const float f = ex2_approx((st.m_run[h] == -kInf ? m_b : m_use[h]) - m_b);
+      scale_row(sa, h, f);
+      sum_a[h] *= f;
+      sc[h] *= f;
+      st.m_run[h] = m_b;
+      m_use[h] = m_b;
+    }
+    const float sum_b = exp2_row(sb, h, scale_log2, m_use[h]);
+    st.l_run[h] = st.l_run[h] * sc[h] + sum_a[h] + sum_b;
+  }
+  if (__any_sync(0xffffffffu, moved)) store_half(sa, 0);  // the first half rescaled (stmatrix: the whole warp)
+  store_half(sb, 1);
+}
+
 // Piece end (the piece's last tile): l and the rows' lse2 (log2 units, -inf for a row without
 // keys); P and the O rescale of this tile are scaled by 1/l, so O comes out normalized. e4m3: P
 // stays as it is and fin gets 1/l times v_scale (the cache's descale), which O gets after P V.
@@ -1096,7 +1216,9 @@ __device__ __forceinline__ void ws_store_p(typename Cfg::SharedStorage& ss, WsSo
   } else {
     pbuf = ss.aux + (Cfg::kEarlyRelease ? unsigned(tile) % Cfg::kPSlots : stage) * (BM * BN);
   }
-  if constexpr (Cfg::kFp8 && Cfg::kCompactRows) {
+  if constexpr (Cfg::kSHalves) {
+    // (stored by ws_softmax_halves)
+  } else if constexpr (Cfg::kFp8 && Cfg::kCompactRows) {
     store_p_e4m3_compact_sw64(smem_addr(pbuf), tw, st.tSrS);
   } else if constexpr (Cfg::kFp8) {
     store_p_e4m3_sw64(smem_addr(pbuf), tw, st.tSrS);
@@ -1186,15 +1308,21 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, Lens
     const int stage = n % NS;
 
     ws_wait_s<Cfg>(ss, st, tw, unpublished);
-    if constexpr (Cfg::kEarlyRelease) ws_release_stage<Cfg>(ss.stage_free, stage, tw % 32);  // S read K(n)
+    // S read K(n) (kSHalves: its first half; ws_softmax_halves releases the stage after the second).
+    if constexpr (Cfg::kEarlyRelease && !Cfg::kSHalves) ws_release_stage<Cfg>(ss.stage_free, stage, tw % 32);
     if ((Cfg::kSparse || Cfg::kFp8) && tw == 0) WsPhaseTrace::mark(n, 2);
     float sc[2];  // O rescale of this tile
-    ws_softmax<Cfg>(p, st, row0, col_lane, sc, Cfg::kDescaled ? fp8_scale_log2 : p.scale_log2,
-                    ss.tile_valid + (Cfg::kSparse ? 2 * (n % Cfg::kFlagSlots) : 0));
+    if constexpr (Cfg::kSHalves) {
+      static_assert(Cfg::kEarlyRelease, "S halves: the e4m3 kernel's stage release");
+      ws_softmax_halves<Cfg>(p, ss, st, row0, col_lane, stage, n, sc, fp8_scale_log2);
+    } else {
+      ws_softmax<Cfg>(p, st, row0, col_lane, sc, Cfg::kDescaled ? fp8_scale_log2 : p.scale_log2,
+                      ss.tile_valid + (Cfg::kSparse ? 2 * (n % Cfg::kFlagSlots) : 0));
+    }
     const bool last = st.cur.tok + BN >= st.cur.stop;
     float lse2[2] = {-kInf, -kInf}, fin[2];
     if (last) ws_finish_rows<Cfg>(p, st, row0, sc, lse2, fin, fp8_v_scale);
-    if constexpr (Cfg::kEarlyRelease) {
+    if constexpr (Cfg::kEarlyRelease && !Cfg::kSHalves) {  // (kSHalves: waited in ws_softmax_halves)
       // P(n)'s slot held P(n - kPSlots): both P V warpgroups are done with it (and with that tile's
       // and earlier tiles' row_scale / info, read before their arrival; kPSlots <= NS).
       if (tw == 0) WsPhaseTrace::mark(n, 10);
