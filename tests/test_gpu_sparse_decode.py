@@ -68,7 +68,13 @@ def _grid() -> list[SparseCase]:
               SparseCase(2, 1, 100, 8192, s_k=32768, page=256, topk_length=True, sink=True),
               # Invalid indices of extreme values (-2, INT32_MIN, INT32_MAX, past the cache), also past topk_length.
               SparseCase(3, 2, 64, 512, invalid=0.4, topk_length=True, extreme=True),
-              SparseCase(2, 1, 128, 256, page=16, invalid=0.6, extreme=True)]
+              SparseCase(2, 1, 128, 256, page=16, invalid=0.6, extreme=True),
+              # the narrow sm_90a kernel (<= 16 heads): 8-head groups (5, 8), a partial 16-head group
+              # (12), float32 scales, long walks cut into many splits
+              SparseCase(4, 2, 5, 320, page=16, invalid=0.4, topk_length=True, sink=True, extreme=True),
+              SparseCase(6, 3, 8, 192, page=256, topk_length=True, zero_lengths=True),
+              SparseCase(3, 1, 12, 512, invalid=0.5, pow2_scales=False, sink=True),
+              SparseCase(96, 2, 8, 2048, s_k=32768, topk_length=True)]
     return cases
 
 

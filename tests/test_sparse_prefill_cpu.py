@@ -4,7 +4,7 @@ bf16-rows kernel."""
 import pytest
 import torch
 
-from mla_jit.configs.sparse import (BF16_ROWS, FP8_RECORDS, SparseWsConfig, family_of, sparse_config,
+from mla_jit.configs.sparse import (BF16_ROWS, FP8_RECORDS, SparseNarrowConfig, SparseWsConfig, family_of, sparse_config,
                                     sparse_decode_config)
 from mla_jit.errors import InvalidArgumentError
 from mla_jit.jit.arch import ArchPair, parse_arch
@@ -44,8 +44,14 @@ def test_every_head_count_takes_the_wgmma_kernel_on_hopper(h_q, d):
     cfg = sparse_config(BF16_ROWS, d, 64, parse_arch("sm_90a"), h_q)
     assert cfg == SparseWsConfig(d, 3) and family_of(cfg) == "mla_sparse_sm90"
     assert (cfg.block_m, cfg.num_threads, cfg.sparse_kv) == (64, 384, 2)
-    # FP8 records (any page size): 2 bf16 stages and a record slot; not on the other arches.
-    assert sparse_config(FP8_RECORDS, 576, 16, parse_arch("sm_90a"), h_q) == SparseWsConfig(576, 2, FP8_RECORDS, 16)
+    # FP8 records (any page size): up to 16 heads the narrow kernel (8- or 16-head groups), above
+    # 2 bf16 stages and a record slot; not on the other arches.
+    fp8 = sparse_config(FP8_RECORDS, 576, 16, parse_arch("sm_90a"), h_q)
+    if h_q <= 16:
+        assert fp8 == SparseNarrowConfig(8 if h_q <= 8 else 16, 1, 2, 16)
+        assert family_of(fp8) == "mla_sparse_narrow_sm90" and (fp8.block_m, fp8.num_threads) == (fp8.heads, 128)
+    else:
+        assert fp8 == SparseWsConfig(576, 2, FP8_RECORDS, 16)
     assert family_of(sparse_config(BF16_ROWS, d, 64, parse_arch("sm_80"), h_q)) == "mla_sparse_decode"
     assert family_of(sparse_config(FP8_RECORDS, 576, 64, parse_arch("sm_89"), h_q)) == "mla_sparse_decode"
     with pytest.raises(InvalidArgumentError, match="SparseWsConfig.head_dim"):
@@ -139,6 +145,9 @@ def test_prewarm_lists_the_prefill_kernels():
     assert family.prewarm_configs(parse_arch("sm_90a"), v32) == []
     assert set(registry.get("mla_sparse_sm90").prewarm_configs(parse_arch("sm_90a"), v32)) == {
         SparseWsConfig(576, 2, FP8_RECORDS, 64), SparseWsConfig(576, 3)}
+    # (16 heads at TP 8: the narrow kernel)
+    assert set(registry.get("mla_sparse_narrow_sm90").prewarm_configs(parse_arch("sm_90a"), v32)) == {
+        SparseNarrowConfig(16, 1, 2, 64)}
     assert registry.get("mla_sparse_sm90").prewarm_configs(parse_arch("sm_90a"), []) == []
     # `mla-jit prewarm --op flash_mla_sparse_fwd` warms the scheduler kernel it launches too
     assert "flash_mla_sparse_fwd" in registry.get("mla_metadata").ops
@@ -168,6 +177,21 @@ def test_bf16_rows_wgmma_kernel_compiles_without_spills(cache_root, monkeypatch,
     assert "C75" not in binary.log, binary.log   # no wgmma serialization warnings
     sass = sass_of(binary.cubin, tmp_path)
     assert "HGMMA" in sass and "LDGSTS" in sass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("heads", [8, 16])
+def test_narrow_fp8_records_kernel_compiles(heads, cache_root, monkeypatch, tmp_path):
+    monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
+    arch = ArchPair(parse_arch("sm_90a"), parse_arch("sm_90a"))
+    family = registry.get("mla_sparse_narrow_sm90")
+    binary = build(family.source(SparseNarrowConfig(heads, 1, 2, 64), arch))
+    report = binary.log.split(f"Function properties for {family.SPLITKV}")[1].splitlines()[1]
+    assert "C75" not in binary.log, binary.log   # no wgmma serialization warnings
+    spilled = int(report.split(" bytes spill stores")[0].rsplit(" ", 1)[1])
+    assert spilled <= 64, binary.log   # (a few loop invariants at 16 heads)
+    sass = sass_of(binary.cubin, tmp_path)
+    assert f"HGMMA.64x{heads}x16.F32.BF16" in sass and "STSM" in sass
 
 
 @pytest.mark.slow

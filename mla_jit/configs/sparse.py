@@ -36,6 +36,41 @@ _ROWS_PAGE = 64
 _SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024}
 
 
+# The narrow sm_90a kernel (SparseNarrowConfig) serves FP8 records up to this many heads.
+NARROW_MAX_HEADS = 16
+
+
+@dataclass(frozen=True)
+class SparseNarrowConfig:
+    """The sm_90a kernel for few heads over FP8 records (include/mla_jit/sparse/narrow_decode_sm90.cuh):
+    S^T = K Q^T and O^T = V^T P^T with the heads as wgmma's N (8 or 16) and both A operands built in
+    registers from the records, so that its tensor work scales with the heads; `groups` warpgroups a
+    CTA (one per head group), warps 0-1 gathering `slots` record slots ahead. One group: 2 CTAs an SM."""
+    heads: int
+    groups: int
+    slots: int
+    page_size: int
+
+    fused_combine = False
+
+    def __post_init__(self):
+        check_fields(self, heads=(8, 16), groups=(1, 2), slots=(2, 3), page_size=SUPPORTED_PAGE_SIZES)
+
+    @property
+    def block_m(self) -> int:
+        """Heads a CTA serves (the grid's head tiles are ceil(h_q / block_m))."""
+        return self.heads * self.groups
+
+    @property
+    def num_threads(self) -> int:
+        return 128 * self.groups
+
+    @property
+    def resident_ctas(self) -> int:
+        """CTAs an SM holds (the launch bounds' minimum; shared memory: 2 x ~110 KB at one group)."""
+        return 2 if self.groups == 1 else 1
+
+
 @dataclass(frozen=True)
 class SparseWsConfig:
     """The sm_90a kernel (splitkv_ws.cuh with SPARSE_KV): 64 heads x 64 gathered tokens per tile, one
@@ -93,6 +128,8 @@ def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch,
     if arch.name == "sm_90a":
         if kv == BF16_ROWS:
             return SparseWsConfig(head_dim, 3)
+        if h_q <= NARROW_MAX_HEADS:
+            return SparseNarrowConfig(8 if h_q <= 8 else 16, 1, 2, page_size)
         return SparseWsConfig(HEAD_DIM, 2, kv, page_size)
     page = page_size if kv == FP8_RECORDS else _ROWS_PAGE
     block_m, block_n, stages, warps = _tiles(arch, head_dim, kv, h_q)
@@ -105,13 +142,17 @@ def sparse_decode_config(page_size: int, arch: Arch, h_q: int = BLOCK_M) -> Sm80
     return sparse_config(FP8_RECORDS, HEAD_DIM, page_size, arch, h_q)
 
 
-def family_of(cfg: Sm80DecodeConfig | SparseWsConfig) -> str:
+def family_of(cfg: Sm80DecodeConfig | SparseWsConfig | SparseNarrowConfig) -> str:
     """The kernel family (runtimes/decode.py) that builds `cfg`."""
+    if isinstance(cfg, SparseNarrowConfig):
+        return "mla_sparse_narrow_sm90"
     return "mla_sparse_sm90" if isinstance(cfg, SparseWsConfig) else "mla_sparse_decode"
 
 
-def ctas_per_sm(cfg: Sm80DecodeConfig | SparseWsConfig, smem_per_sm: int) -> int:
+def ctas_per_sm(cfg: Sm80DecodeConfig | SparseWsConfig | SparseNarrowConfig, smem_per_sm: int) -> int:
     """CTAs of the sparse kernel `cfg` resident per SM, at least 1."""
+    if isinstance(cfg, SparseNarrowConfig):
+        return cfg.resident_ctas
     if isinstance(cfg, SparseWsConfig):
         return 1
     return sm80_resident_ctas(cfg.smem_bytes, cfg.num_warps, cfg.block_m, smem_per_sm)

@@ -9,7 +9,8 @@ from ..configs.decode import (BLOCK_M, CLUSTER_ENV, S_HALVES_MIN_ROWS, SCHEDULE_
                               DecodeConfig, MetadataConfig, cluster_m_for, decode_config, metadata_config,
                               out_dtype_of)
 from ..configs.decode_sm80 import Sm80DecodeConfig, sm80_decode_config
-from ..configs.sparse import BF16_ROWS, FP8_RECORDS, PREFILL_HEAD_DIMS, SparseWsConfig, family_of, sparse_config
+from ..configs.sparse import (BF16_ROWS, FP8_RECORDS, PREFILL_HEAD_DIMS, SparseNarrowConfig, SparseWsConfig, family_of,
+                              sparse_config)
 from ..dtypes import cpp_type
 from ..jit import env
 from ..jit.arch import Arch, ArchPair
@@ -191,4 +192,28 @@ class MlaSparseSm90Family(KernelFamily[SparseWsConfig]):
                 "num_stages": cfg.num_stages, "sparse_kv": cfg.sparse_kv, "page_size": cfg.page_size}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[SparseWsConfig]:
+        return [c for c in _sparse_prewarm(arch, presets) if family_of(c) == self.name]
+
+
+@register
+class MlaSparseNarrowSm90Family(KernelFamily[SparseNarrowConfig]):
+    """The sparse (DSA) attention over FP8 records on sm_90a for few heads (configs/sparse.py
+    SparseNarrowConfig): swapped wgmma operands, heads as N."""
+    name = "mla_sparse_narrow_sm90"
+    template = "mla_sparse_narrow_sm90.cu.j2"
+    config_type = SparseNarrowConfig
+    ops = ("flash_mla_with_kvcache", "flash_mla_sparse_fwd")
+    tunings = ("sm_90a",)
+    SPLITKV = "mla_jit_sparse_splitkv"
+    COMBINE = "mla_jit_decode_combine"
+
+    def entry_points(self, cfg: SparseNarrowConfig) -> tuple[str, ...]:
+        return (self.SPLITKV, self.COMBINE)
+
+    def render_context(self, cfg: SparseNarrowConfig, arch: ArchPair) -> dict[str, Any]:
+        return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "heads": cfg.heads,
+                "groups": cfg.groups, "slots": cfg.slots, "page_size": cfg.page_size,
+                "min_blocks": cfg.resident_ctas}
+
+    def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[SparseNarrowConfig]:
         return [c for c in _sparse_prewarm(arch, presets) if family_of(c) == self.name]
