@@ -48,7 +48,7 @@ def test_every_head_count_takes_the_wgmma_kernel_on_hopper(h_q, d):
     # 2 bf16 stages and a record slot; not on the other arches.
     fp8 = sparse_config(FP8_RECORDS, 576, 16, parse_arch("sm_90a"), h_q)
     if h_q <= 16:
-        assert fp8 == SparseNarrowConfig(8 if h_q <= 8 else 16, 1, 2, 16)
+        assert fp8 == SparseNarrowConfig(8 if h_q <= 8 else 16, 2, 16)
         assert family_of(fp8) == "mla_sparse_narrow_sm90" and (fp8.block_m, fp8.num_threads) == (fp8.heads, 128)
     else:
         assert fp8 == SparseWsConfig(576, 2, FP8_RECORDS, 16)
@@ -147,7 +147,7 @@ def test_prewarm_lists_the_prefill_kernels():
         SparseWsConfig(576, 2, FP8_RECORDS, 64), SparseWsConfig(576, 3)}
     # (16 heads at TP 8: the narrow kernel)
     assert set(registry.get("mla_sparse_narrow_sm90").prewarm_configs(parse_arch("sm_90a"), v32)) == {
-        SparseNarrowConfig(16, 1, 2, 64)}
+        SparseNarrowConfig(16, 2, 64)}
     assert registry.get("mla_sparse_sm90").prewarm_configs(parse_arch("sm_90a"), []) == []
     # `mla-jit prewarm --op flash_mla_sparse_fwd` warms the scheduler kernel it launches too
     assert "flash_mla_sparse_fwd" in registry.get("mla_metadata").ops
@@ -185,7 +185,7 @@ def test_narrow_fp8_records_kernel_compiles(heads, cache_root, monkeypatch, tmp_
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
     arch = ArchPair(parse_arch("sm_90a"), parse_arch("sm_90a"))
     family = registry.get("mla_sparse_narrow_sm90")
-    binary = build(family.source(SparseNarrowConfig(heads, 1, 2, 64), arch))
+    binary = build(family.source(SparseNarrowConfig(heads, 2, 64), arch))
     report = binary.log.split(f"Function properties for {family.SPLITKV}")[1].splitlines()[1]
     assert "C75" not in binary.log, binary.log   # no wgmma serialization warnings
     spilled = int(report.split(" bytes spill stores")[0].rsplit(" ", 1)[1])

@@ -44,31 +44,24 @@ NARROW_MAX_HEADS = 16
 class SparseNarrowConfig:
     """The sm_90a kernel for few heads over FP8 records (include/mla_jit/sparse/narrow_decode_sm90.cuh):
     S^T = K Q^T and O^T = V^T P^T with the heads as wgmma's N (8 or 16) and both A operands built in
-    registers from the records, so that its tensor work scales with the heads; `groups` warpgroups a
-    CTA (one per head group), warps 0-1 gathering `slots` record slots ahead. One group: 2 CTAs an SM."""
+    registers from the records, so that its tensor work scales with the heads; one warpgroup a CTA, each
+    warp gathering its 16 tokens of a tile into `slots` record slots ahead; 2 CTAs an SM (launch
+    bounds; shared memory 2 x ~110 KB)."""
     heads: int
-    groups: int
     slots: int
     page_size: int
 
     fused_combine = False
+    num_threads = 128
+    resident_ctas = 2
 
     def __post_init__(self):
-        check_fields(self, heads=(8, 16), groups=(1, 2), slots=(2, 3), page_size=SUPPORTED_PAGE_SIZES)
+        check_fields(self, heads=(8, 16), slots=(2,), page_size=SUPPORTED_PAGE_SIZES)
 
     @property
     def block_m(self) -> int:
         """Heads a CTA serves (the grid's head tiles are ceil(h_q / block_m))."""
-        return self.heads * self.groups
-
-    @property
-    def num_threads(self) -> int:
-        return 128 * self.groups
-
-    @property
-    def resident_ctas(self) -> int:
-        """CTAs an SM holds (the launch bounds' minimum; shared memory: 2 x ~110 KB at one group)."""
-        return 2 if self.groups == 1 else 1
+        return self.heads
 
 
 @dataclass(frozen=True)
@@ -129,7 +122,7 @@ def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch,
         if kv == BF16_ROWS:
             return SparseWsConfig(head_dim, 3)
         if h_q <= NARROW_MAX_HEADS:
-            return SparseNarrowConfig(8 if h_q <= 8 else 16, 1, 2, page_size)
+            return SparseNarrowConfig(8 if h_q <= 8 else 16, 2, page_size)
         return SparseWsConfig(HEAD_DIM, 2, kv, page_size)
     page = page_size if kv == FP8_RECORDS else _ROWS_PAGE
     block_m, block_n, stages, warps = _tiles(arch, head_dim, kv, h_q)

@@ -212,8 +212,7 @@ class MlaSparseNarrowSm90Family(KernelFamily[SparseNarrowConfig]):
 
     def render_context(self, cfg: SparseNarrowConfig, arch: ArchPair) -> dict[str, Any]:
         return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "heads": cfg.heads,
-                "groups": cfg.groups, "slots": cfg.slots, "page_size": cfg.page_size,
-                "min_blocks": cfg.resident_ctas}
+                "slots": cfg.slots, "page_size": cfg.page_size}
 
     def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[SparseNarrowConfig]:
         return [c for c in _sparse_prewarm(arch, presets) if family_of(c) == self.name]

@@ -22,15 +22,15 @@
 // 128 b + 4 (8 w + l / 4) + 2 i2 + h, so a thread's 4 dv of block b are one 32-bit word of each of
 // its 16 tokens' records (the 4 lanes of a row group read 4 tokens 2 records apart: 8 banks apart).
 //
-// CTA: GROUPS warpgroups (one per 8- or 16-head group of the CTA's head tile; 2 CTAs an SM with one
-// group). Warps 0-1 gather each tile (a bulk copy of a record a token, completing on landed[s]) into
-// SLOTS record slots, a tile ahead and more; every warp releases a slot (slot_free[s]) once it has
-// read its words (K, scales, rope and the V words, all before its softmax). Per tile per group:
-// S^T by 9 commit groups of 4 k-steps (A registers double-buffered), the column max across the
-// group's 4 warps (red, by tile parity), P' stored by stmatrix .trans, a named barrier, O^T's 8
-// M blocks. Pieces and splits as in splitkv_ws.cuh: the walk is a contiguous run of (row, tile)
-// from the metadata's origin; a row in one split is written here (attention sink applied), else its
-// partial goes to o_accum / lse_accum for the combine kernel.
+// CTA: one warpgroup (8 or 16 heads of one query token), 2 CTAs an SM. Each warp gathers its own
+// 16 tokens of each tile (a bulk copy of a record a token, completing on landed[s]) into SLOTS record
+// slots, SLOTS tiles ahead; a warp keeps its tokens' valid bits itself (its S rows are its tokens).
+// Per tile: S^T by 9 commit groups of 4 k-steps (A registers double-buffered), the V words and the
+// scales read, the column max across the 4 warps (red, by tile parity; after that barrier every warp
+// is done with the slot, which it refills with tile m + SLOTS), P' stored by stmatrix .trans, a named
+// barrier, O^T's 8 M blocks. Pieces and splits as in splitkv_ws.cuh: the walk is a contiguous run of
+// (row, tile) from the metadata's origin; a row in one split is written here (attention sink
+// applied), else its partial goes to o_accum / lse_accum for the combine kernel.
 #pragma once
 
 #include "mla_jit/decode/common.cuh"
@@ -41,24 +41,22 @@ namespace sparse {
 
 using decode::DecodeParams;
 
-template <int HEADS_, int GROUPS_, int SLOTS_, int PAGE_SIZE_>
+template <int HEADS_, int SLOTS_, int PAGE_SIZE_>
 struct NarrowSm90Config {
   using Element = cutlass::bfloat16_t;
   using Record = decode::V32Record;
   static constexpr int N = HEADS_;  // heads of a group (wgmma N)
-  static constexpr int GROUPS = GROUPS_;
   static constexpr int SLOTS = SLOTS_;
   static constexpr int PAGE_SIZE = PAGE_SIZE_;
   static constexpr int BN = 64, D = 576, DV = 512, R = Record::kBytes;
   static constexpr int kBlocks = Record::kNopeValues / Record::kValuesPerScale;  // 4
-  static constexpr int NUM_THREADS = 128 * GROUPS;
-  static constexpr int kWarps = 4 * GROUPS;
-  static constexpr int kHeadsPerCta = N * GROUPS;
+  static constexpr int NUM_THREADS = 128;
+  static constexpr int kHeadsPerCta = N;
   static_assert(N == 8 || N == 16, "a group of 8 or 16 heads");
   static_assert(Record::kNopeValues == 512 && Record::kValuesPerScale == 128 && Record::kRopeValues == 64 &&
                     Record::kRopeOffset == 528,
                 "the thread mapping is written for V3.2's record");
-  static_assert(SLOTS >= 2, "a tile in flight beside the one read");
+  static_assert(SLOTS >= 2 && SLOTS <= 4, "a tile in flight beside the one read; valid bits in 64");
 
   using TiledMma = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<N>, cute::_64>>()));
@@ -68,14 +66,12 @@ struct NarrowSm90Config {
       decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<cute::Int<N>, cute::Int<BN>>{}));
 
   struct SharedStorage {
-    alignas(1024) Element q[GROUPS][N * D];            // Q^T (permuted, nope x 2^100)
-    alignas(1024) Element p[GROUPS][kBlocks][N * BN];  // P'^T of the 4 scale blocks
+    alignas(1024) Element q[N * D];            // Q^T (permuted, nope x 2^100)
+    alignas(1024) Element p[kBlocks][N * BN];  // P'^T of the 4 scale blocks
     alignas(16) unsigned char records[SLOTS][BN * R];
-    float red[GROUPS][2][4][N];  // per-warp column maxima, by tile parity
-    float red_l[GROUPS][4][N];   // per-warp column sums at a piece's end
-    unsigned valid[SLOTS][2];    // a bit per token of the slot's tile
+    float red[2][4][N];  // per-warp column maxima, by tile parity
+    float red_l[4][N];   // per-warp column sums at a piece's end
     alignas(8) uint64_t landed[SLOTS];
-    alignas(8) uint64_t slot_free[SLOTS];
   };
   static constexpr int kSmemBytes = Sm90SmemSize<SharedStorage>::kBytes;
 };
@@ -84,12 +80,9 @@ namespace narrow {
 
 constexpr float kQScale = 1.2676506002282294e30f;    // 2^100: Q's nope part and P'
 constexpr float kOutScale = 1048576.f;               // 2^20: what every product lacks
-// Named barrier of group G's 128 threads: id 1 + G, an immediate (a register id makes ptxas reserve
-// all 16 of the CTA's barriers).
-template <int G>
-__device__ __forceinline__ void group_sync() {
-  asm volatile("bar.sync %0, 128;" ::"n"(1 + G) : "memory");
-}
+// The CTA's 128 threads (bar.sync 1 with an immediate id; a register id makes ptxas reserve all 16
+// of the CTA's barriers).
+__device__ __forceinline__ void cta_sync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
 
 // Tile m of the walk: its row and first token (every row has topk tokens, topk / 64 tiles).
 struct Tile {
@@ -128,14 +121,15 @@ __device__ __forceinline__ Walk cta_walk(const DecodeParams& p) {
   return w;
 }
 
-// A gathering thread's token (t < 64) of a tile: its index, position and the row's token limit,
-// loaded a tile ahead of the gather and not consumed before it (the loads share a scoreboard: a
-// use right away would wait for their round trip on the gathering warps' path).
+// A gathering lane's token (lane < 16 of each warp: token 16 w + lane) of a tile: its index,
+// position and the row's token limit, loaded a tile ahead of the gather and not consumed before it
+// (the loads share a scoreboard: a use right away would wait for their round trip).
 struct GatherIndex {
   int idx, tok, lim;
 };
-__device__ __forceinline__ GatherIndex load_index(const DecodeParams& p, const Walk& w, int m, int t) {
-  if (m >= w.num_tiles) return {-1, 0, 0};
+__device__ __forceinline__ GatherIndex load_index(const DecodeParams& p, const Walk& w, int m, int warp, int lane) {
+  if (m >= w.num_tiles || lane >= 16) return {-1, 0, 0};
+  const int t = 16 * warp + lane;
   const Tile tile = walk_tile(w.origin, w.tiles_per_row, m);
   const int tok = tile.tok + t;
   const int idx = __ldg(p.block_table + (long long)tile.bi * p.block_table_stride + tok);
@@ -143,42 +137,44 @@ __device__ __forceinline__ GatherIndex load_index(const DecodeParams& p, const W
   return {idx, tok, lim};
 }
 
-// Tile m's records into slot m % SLOTS by threads 0-63 (one token each): once every warp has
-// released the slot's previous tile (m - SLOTS), the token's valid bit, then a bulk copy (an
-// invalid token copies nothing and arrives alone).
+// Warp w's 16 tokens of tile m into slot m % SLOTS (lanes 0-15, token 16 w + lane: a bulk copy of its
+// record, or nothing and a bare arrival for an invalid token). The slot's previous tile (m - SLOTS)
+// has been read by every warp (the caller is past that tile's exchange barrier). Returns the
+// tokens' valid bits (bit i: token 16 w + i), which the warp keeps (its S rows are these tokens).
 template <typename Cfg>
-__device__ __forceinline__ void gather(const DecodeParams& p, const void* cache, typename Cfg::SharedStorage& ss,
-                                       int m, int t, GatherIndex gi) {
+__device__ __forceinline__ unsigned gather(const DecodeParams& p, const void* cache, typename Cfg::SharedStorage& ss,
+                                           int m, int w, int lane, GatherIndex gi) {
   const int s = m % Cfg::SLOTS;
-  if (m >= Cfg::SLOTS) mbarrier_wait(&ss.slot_free[s], ((m / Cfg::SLOTS) - 1) & 1);
-  const bool ok = gi.idx >= 0 && gi.idx < p.kv_tokens && gi.tok < gi.lim;
-  const unsigned bits = __ballot_sync(0xffffffffu, ok);
-  if (t % 32 == 0) ss.valid[s][t / 32] = bits;
-  __syncwarp();
+  const bool ok = lane < 16 && gi.idx >= 0 && gi.idx < p.kv_tokens && gi.tok < gi.lim;
+  const unsigned bits = __ballot_sync(0xffffffffu, ok) & 0xffffu;
   if (ok) {
     const char* src = reinterpret_cast<const char*>(cache) + (long long)(gi.idx / Cfg::PAGE_SIZE) * p.kv_block_stride +
                       (gi.idx % Cfg::PAGE_SIZE) * Cfg::R;
     mbarrier_arrive_expect_tx(&ss.landed[s], Cfg::R);
-    bulk_load(smem_addr(ss.records[s]) + t * Cfg::R, src, Cfg::R, &ss.landed[s]);
-  } else {
+    bulk_load(smem_addr(ss.records[s]) + (16 * w + lane) * Cfg::R, src, Cfg::R, &ss.landed[s]);
+  } else if (lane < 16) {
     mbarrier_arrive(&ss.landed[s]);
   }
+  return bits;
 }
 
-// e4m3 x2 (bytes 1 and 3 of x: the high byte of each 16-bit lane; bytes 0 and 2 are ignored) as
-// bf16 x2 times 2^-120, exactly.
-__device__ __forceinline__ uint32_t e4m3_hi_pair(uint32_t x) {
-  return (x & 0x80008000u) | ((x >> 4) & 0x07F007F0u);
+// Two e4m3 bytes of x as bf16 x2 times 2^-120, exactly (byte s.eeee.mmm -> s.0000eeee.mmm0000,
+// subnormals included): sel picks byte k of the low lane and k' of the high one (byte_perm indices)
+// and replicates their sign bits into the byte above each (the 0x8 flag), so one shift and one mask
+// place sign, exponent and mantissa.
+template <uint32_t kLo, uint32_t kHi>
+__device__ __forceinline__ uint32_t e4m3_pair(uint32_t a, uint32_t b) {
+  constexpr uint32_t sel = kLo | ((kLo | 8u) << 4) | (kHi << 8) | ((kHi | 8u) << 12);
+  return (byte_perm(a, b, sel) << 4) & 0x87F087F0u;
 }
 
-// Q (heads g * N .. of row bi) into the group's Q^T, columns permuted as K's (header) and the nope
+// Q (heads of the CTA's head tile, of row bi) into Q^T, columns permuted as K's (header) and the nope
 // part times 2^100; heads past h_q are zero. 16-byte global loads (8 values of one head), issued
 // together; each gives 4 bf16 pairs of logical columns.
 template <typename Cfg>
-__device__ __forceinline__ void load_q(const DecodeParams& p, typename Cfg::SharedStorage& ss, int g, int bi,
-                                       int tw) {
+__device__ __forceinline__ void load_q(const DecodeParams& p, typename Cfg::SharedStorage& ss, int bi, int tw) {
   constexpr int N = Cfg::N, kChunks = N * Cfg::D / 8, kPer = (kChunks + 127) / 128;
-  const int head0 = blockIdx.z * Cfg::kHeadsPerCta + g * N;
+  const int head0 = blockIdx.z * Cfg::kHeadsPerCta;
   const cutlass::bfloat16_t* qb = reinterpret_cast<const cutlass::bfloat16_t*>(p.q) + (long long)bi * p.q_stride_b;
   uint4 v[kPer];
 #pragma unroll
@@ -187,7 +183,7 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, typename Cfg::Shar
     v[i] = make_uint4(0u, 0u, 0u, 0u);
     if (id < kChunks && head0 + n < p.h_q) v[i] = __ldg(reinterpret_cast<const uint4*>(qb + (head0 + n) * p.q_stride_h + 8 * c));
   }
-  const uint32_t base = smem_addr(ss.q[g]);
+  const uint32_t base = smem_addr(ss.q);
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int id = tw + 128 * i, n = id / (Cfg::D / 8), c = id % (Cfg::D / 8);
@@ -252,9 +248,10 @@ struct ColState {
 // its column slot k = 2 (i / 4) + i % 2.
 __device__ __forceinline__ constexpr int col_slot(int i) { return 2 * (i / 4) + i % 2; }
 
-template <typename Cfg, int g>
-__device__ __forceinline__ void group_body(const DecodeParams& p, const void* cache, typename Cfg::SharedStorage& ss,
-                                           const Walk& walk, int tid, GatherIndex& gi) {
+// bits: the warp's valid bits of the tiles in its slots, 16 a tile, tile m's lowest.
+template <typename Cfg>
+__device__ __forceinline__ void decode_loop(const DecodeParams& p, const void* cache, typename Cfg::SharedStorage& ss,
+                                            const Walk& walk, int tid, GatherIndex& gi, uint64_t bits) {
   using namespace cute;
   using Element = typename Cfg::Element;
   constexpr int N = Cfg::N, R = Cfg::R, kCols = N / 4;
@@ -274,9 +271,9 @@ __device__ __forceinline__ void group_body(const DecodeParams& p, const void* ca
     const bool last = m + 1 == walk.num_tiles || walk_tile(walk.origin, walk.tiles_per_row, m + 1).bi != tile.bi;
     if (fresh) {
       // Every warp's S of the previous piece is done (its wgmma waited) before Q is rewritten.
-      group_sync<g>();
-      load_q<Cfg>(p, ss, g, tile.bi, tw);
-      group_sync<g>();
+      cta_sync();
+      load_q<Cfg>(p, ss, tile.bi, tw);
+      cta_sync();
       cur_bi = tile.bi;
 #pragma unroll
       for (int k = 0; k < kCols; ++k) {
@@ -299,10 +296,10 @@ __device__ __forceinline__ void group_body(const DecodeParams& p, const void* ca
       auto fa = recast<uint32_t>(f);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        fa(4 * ks + 0) = e4m3_hi_pair(r0[ks] << 8);  // (b0, b2): columns 2q, 2q + 1
-        fa(4 * ks + 1) = e4m3_hi_pair(r1[ks] << 8);
-        fa(4 * ks + 2) = e4m3_hi_pair(r0[ks]);       // (b1, b3): columns 2q + 8, 2q + 9
-        fa(4 * ks + 3) = e4m3_hi_pair(r1[ks]);
+        fa(4 * ks + 0) = e4m3_pair<0, 2>(r0[ks], 0u);  // (b0, b2): columns 2q, 2q + 1
+        fa(4 * ks + 1) = e4m3_pair<0, 2>(r1[ks], 0u);
+        fa(4 * ks + 2) = e4m3_pair<1, 3>(r0[ks], 0u);  // (b1, b3): columns 2q + 8, 2q + 9
+        fa(4 * ks + 3) = e4m3_pair<1, 3>(r1[ks], 0u);
       }
     };
     auto fill_rope = [&](FragA& f) {
@@ -321,7 +318,7 @@ __device__ __forceinline__ void group_body(const DecodeParams& p, const void* ca
       }
     };
     // Q^T's descriptors from an opaque base, per tile: hoisted, the 36 of them held 72 registers.
-    Tensor sQ = make_tensor(make_smem_ptr(ss.q[g] + opaque(0)), typename Cfg::SmemLayoutQ{});
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q + opaque(0)), typename Cfg::SmemLayoutQ{});
     Tensor tSrQ = thr.partition_fragment_B(sQ);  // (MMA, 1, 36)
     auto issue = [&](FragA& f, FragC& c, int G, bool first) {
       warpgroup_fence_operand(f);
@@ -354,7 +351,7 @@ __device__ __forceinline__ void group_body(const DecodeParams& p, const void* ca
     // {0, 1, 8, 9}. Then the slot is released.
     const float4 sc0 = *reinterpret_cast<const float4*>(&ss.records[s][row * R + Cfg::Record::kScaleOffset]);
     const float4 sc1 = *reinterpret_cast<const float4*>(&ss.records[s][(row + 8) * R + Cfg::Record::kScaleOffset]);
-    const unsigned vbits = ss.valid[s][w / 2] >> ((w % 2) * 16);
+    const unsigned vbits = unsigned(bits);
     const bool ok0 = (vbits >> rg) & 1u, ok1 = (vbits >> (rg + 8)) & 1u;
     warpgroup_wait<0>();
 #pragma unroll
@@ -388,13 +385,6 @@ __device__ __forceinline__ void group_body(const DecodeParams& p, const void* ca
                      : "memory");
       }
     }
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(&ss.slot_free[s]);
-    // Threads 0-63 refill the slot with tile m + SLOTS (its index loaded a tile ago).
-    if (tid < 64 && m + Cfg::SLOTS < walk.num_tiles) {
-      gather<Cfg>(p, cache, ss, m + Cfg::SLOTS, tid, gi);
-      gi = load_index(p, walk, m + Cfg::SLOTS + 1, tid);
-    }
 
     // ---- the column max across the group's warps ----
     const int par = m & 1;
@@ -410,15 +400,21 @@ __device__ __forceinline__ void group_body(const DecodeParams& p, const void* ca
     }
     if (rg == 0) {
 #pragma unroll
-      for (int k = 0; k < kCols; ++k) ss.red[g][par][w][8 * (k / 2) + 2 * q + k % 2] = mx[k];
+      for (int k = 0; k < kCols; ++k) ss.red[par][w][8 * (k / 2) + 2 * q + k % 2] = mx[k];
     }
-    group_sync<g>();
+    cta_sync();
+    // Every warp has read the slot: refill it with tile m + SLOTS (its indices loaded a tile ago).
+    bits >>= 16;
+    if (m + Cfg::SLOTS < walk.num_tiles) {
+      bits |= uint64_t(gather<Cfg>(p, cache, ss, m + Cfg::SLOTS, w, lane, gi)) << (16 * (Cfg::SLOTS - 1));
+      gi = load_index(p, walk, m + Cfg::SLOTS + 1, w, lane);
+    }
     float alpha[kCols], muse[kCols];
     bool moved = false;
 #pragma unroll
     for (int k = 0; k < kCols; ++k) {
       const int c = 8 * (k / 2) + 2 * q + k % 2;
-      float t = fmaxf(fmaxf(ss.red[g][par][0][c], ss.red[g][par][1][c]), fmaxf(ss.red[g][par][2][c], ss.red[g][par][3][c]));
+      float t = fmaxf(fmaxf(ss.red[par][0][c], ss.red[par][1][c]), fmaxf(ss.red[par][2][c], ss.red[par][3][c]));
       const float mn = fmaxf(st.m[k], t);
       muse[k] = mn == -kInf ? 0.f : mn;
       alpha[k] = ex2_approx(st.m[k] - muse[k]);
@@ -454,7 +450,7 @@ __device__ __forceinline__ void group_body(const DecodeParams& p, const void* ca
           const float* tt = ((i / 2) % 2) ? t1 : t0;
           return ElemTraits<Element>::pack2(pv[i] * tt[b], pv[i + 1] * tt[b]);
         };
-        const uint32_t dst = smem_addr(ss.p[g][b]) + sw128_offset<N>(N == 16 ? head : ri, tok);
+        const uint32_t dst = smem_addr(ss.p[b]) + sw128_offset<N>(N == 16 ? head : ri, tok);
         if constexpr (N == 16) {
           stmatrix_x4_trans(dst, pk(0), pk(2), pk(4), pk(6));
         } else {
@@ -463,7 +459,7 @@ __device__ __forceinline__ void group_body(const DecodeParams& p, const void* ca
       }
     }
     fence_proxy_async_shared();
-    group_sync<g>();
+    cta_sync();
 
     // ---- O^T += V^T P'^T: M block 2 b + i2 (dv 128 b + 4 (8 w + rg) + 2 i2 + h) ----
 #pragma unroll
@@ -480,13 +476,17 @@ __device__ __forceinline__ void group_body(const DecodeParams& p, const void* ca
 #pragma unroll
         for (int half = 0; half < 2; ++half) {  // tokens 2q, 2q+1 (half 0) or 2q+8, 2q+9
           const uint32_t w0 = vw[b][4 * ks + 2 * half], w1 = vw[b][4 * ks + 2 * half + 1];
-          // [w1.b(2 i2 + 1), w1.b(2 i2), w0.b(2 i2 + 1), w0.b(2 i2)]: high bytes are h = 1's pair.
-          const uint32_t y = byte_perm(w0, w1, i2 ? 0x7632u : 0x5410u);
-          fa(4 * ks + 2 * half + 0) = e4m3_hi_pair(y << 8);  // h = 0
-          fa(4 * ks + 2 * half + 1) = e4m3_hi_pair(y);       // h = 1
+          // byte 2 i2 + h of both tokens (w0: the low lane, w1: the high one)
+          if (i2 == 0) {
+            fa(4 * ks + 2 * half + 0) = e4m3_pair<0, 4>(w0, w1);
+            fa(4 * ks + 2 * half + 1) = e4m3_pair<1, 5>(w0, w1);
+          } else {
+            fa(4 * ks + 2 * half + 0) = e4m3_pair<2, 6>(w0, w1);
+            fa(4 * ks + 2 * half + 1) = e4m3_pair<3, 7>(w0, w1);
+          }
         }
       }
-      Tensor sP = make_tensor(make_smem_ptr(ss.p[g][b] + opaque(0)), typename Cfg::SmemLayoutP{});
+      Tensor sP = make_tensor(make_smem_ptr(ss.p[b] + opaque(0)), typename Cfg::SmemLayoutP{});
       Tensor tOrP = thr.partition_fragment_B(sP);  // (MMA, 1, 4)
       auto o = tOrO(_, mb, 0);
       warpgroup_fence_operand(f);
@@ -515,16 +515,16 @@ __device__ __forceinline__ void group_body(const DecodeParams& p, const void* ca
       }
       if (rg == 0) {
 #pragma unroll
-        for (int k = 0; k < kCols; ++k) ss.red_l[g][w][8 * (k / 2) + 2 * q + k % 2] = lt[k];
+        for (int k = 0; k < kCols; ++k) ss.red_l[w][8 * (k / 2) + 2 * q + k % 2] = lt[k];
       }
-      group_sync<g>();
+      cta_sync();
       const decode::PieceDest dest = decode::piece_dest(p, tile.bi, tile.bi == walk.begin_b ? walk.begin_split : 0);
-      const int head0 = blockIdx.z * Cfg::kHeadsPerCta + g * N;
+      const int head0 = blockIdx.z * Cfg::kHeadsPerCta;
       float fin[kCols];
 #pragma unroll
       for (int k = 0; k < kCols; ++k) {
         const int c = 8 * (k / 2) + 2 * q + k % 2;
-        const float l = ss.red_l[g][0][c] + ss.red_l[g][1][c] + ss.red_l[g][2][c] + ss.red_l[g][3][c];
+        const float l = ss.red_l[0][c] + ss.red_l[1][c] + ss.red_l[2][c] + ss.red_l[3][c];
         const float lse2 = l > 0.f ? st.m[k] + lg2_approx(l) : -kInf;
         float f = l > 0.f ? kOutScale * rcp_approx(l) : 0.f;
         const int head = head0 + c;
@@ -568,30 +568,22 @@ __device__ __forceinline__ void narrow_decode_body(const DecodeParams& p, const 
   using SS = typename Cfg::SharedStorage;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   SS& ss = aligned_shared_storage<SS>(smem_raw);
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, w = tid / 32, lane = tid % 32;
   if (tid == 0) {
-    for (int s = 0; s < Cfg::SLOTS; ++s) {
-      mbarrier_init(&ss.landed[s], 64);
-      mbarrier_init(&ss.slot_free[s], Cfg::kWarps);
-    }
+    for (int s = 0; s < Cfg::SLOTS; ++s) mbarrier_init(&ss.landed[s], Cfg::BN);
     fence_barrier_init();
   }
   __syncthreads();
   pdl_wait_primary();  // (the metadata kernel's schedule)
   const narrow::Walk walk = narrow::cta_walk(p);
   narrow::GatherIndex gi{-1, 0, 0};
-  if (tid < 64) {
-    for (int m = 0; m < Cfg::SLOTS && m < walk.num_tiles; ++m) {
-      gi = narrow::load_index(p, walk, m, tid);
-      narrow::gather<Cfg>(p, cache, ss, m, tid, gi);
-    }
-    gi = narrow::load_index(p, walk, Cfg::SLOTS, tid);
+  uint64_t bits = 0;
+  for (int m = 0; m < Cfg::SLOTS && m < walk.num_tiles; ++m) {
+    gi = narrow::load_index(p, walk, m, w, lane);
+    bits |= uint64_t(narrow::gather<Cfg>(p, cache, ss, m, w, lane, gi)) << (16 * m);
   }
-  if (Cfg::GROUPS == 1 || tid < 128) {
-    narrow::group_body<Cfg, 0>(p, cache, ss, walk, tid, gi);
-  } else {
-    narrow::group_body<Cfg, Cfg::GROUPS - 1>(p, cache, ss, walk, tid, gi);
-  }
+  gi = narrow::load_index(p, walk, Cfg::SLOTS, w, lane);
+  narrow::decode_loop<Cfg>(p, cache, ss, walk, tid, gi, bits);
   pdl_launch_dependents();
 }
 
