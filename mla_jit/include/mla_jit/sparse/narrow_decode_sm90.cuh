@@ -71,6 +71,7 @@ struct NarrowSm90Config {
     alignas(16) unsigned char records[SLOTS][BN * R];
     float red[2][4][N];  // per-warp column maxima, by tile parity
     float red_l[4][N];   // per-warp column sums at a piece's end
+    int idx[2][BN];      // the indices of the next tiles to gather (copy_indices)
     alignas(8) uint64_t landed[SLOTS];
   };
   static constexpr int kSmemBytes = Sm90SmemSize<SharedStorage>::kBytes;
@@ -92,6 +93,16 @@ __device__ __forceinline__ Tile walk_tile(int origin, int tiles_per_row, int m) 
   const int t = origin + m;
   const int bi = t / tiles_per_row;
   return {bi, (t - bi * tiles_per_row) * 64};
+}
+
+// The tile after t (every row has topk tokens).
+__device__ __forceinline__ Tile next_tile(Tile t, int topk) {
+  t.tok += 64;
+  if (t.tok >= topk) {
+    t.tok = 0;
+    ++t.bi;
+  }
+  return t;
 }
 
 struct FixedLengths {
@@ -122,19 +133,40 @@ __device__ __forceinline__ Walk cta_walk(const DecodeParams& p) {
 }
 
 // A gathering lane's token (lane < 16 of each warp: token 16 w + lane) of a tile: its index,
-// position and the row's token limit, loaded a tile ahead of the gather and not consumed before it
-// (the loads share a scoreboard: a use right away would wait for their round trip).
+// position and the row's token limit. The prologue's tiles load their indices directly; the loop's
+// come by cp.async into `idx` a tile ahead of their gather (a register load a tile ahead was
+// consumed at once by a register copy of the loop-carried value: ~9% of the stall samples, waiting
+// for the global round trip every tile).
 struct GatherIndex {
   int idx, tok, lim;
 };
-__device__ __forceinline__ GatherIndex load_index(const DecodeParams& p, const Walk& w, int m, int warp, int lane) {
-  if (m >= w.num_tiles || lane >= 16) return {-1, 0, 0};
-  const int t = 16 * warp + lane;
-  const Tile tile = walk_tile(w.origin, w.tiles_per_row, m);
-  const int tok = tile.tok + t;
-  const int idx = __ldg(p.block_table + (long long)tile.bi * p.block_table_stride + tok);
-  const int lim = p.topk_length != nullptr ? __ldg(p.topk_length + tile.bi / p.lse_fold) : p.topk;
-  return {idx, tok, lim};
+// The row limit of tile's row (topk_length, else topk).
+__device__ __forceinline__ int row_limit(const DecodeParams& p, Tile tile) {
+  return p.topk_length != nullptr ? __ldg(p.topk_length + tile.bi / p.lse_fold) : p.topk;
+}
+__device__ __forceinline__ GatherIndex load_index(const DecodeParams& p, Tile tile, int warp, int lane) {
+  if (lane >= 16) return {-1, 0, 0};
+  const int tok = tile.tok + 16 * warp + lane;
+  return {__ldg(p.block_table + (long long)tile.bi * p.block_table_stride + tok), tok, row_limit(p, tile)};
+}
+// Tile's indices (lanes < 16) into idx[buf] by cp.async, one commit group (empty past the walk).
+template <typename Cfg>
+__device__ __forceinline__ void copy_indices(const DecodeParams& p, typename Cfg::SharedStorage& ss, bool in_walk,
+                                             Tile tile, int warp, int lane, int buf) {
+  if (in_walk && lane < 16) {
+    const int* src = p.block_table + (long long)tile.bi * p.block_table_stride + tile.tok + 16 * warp + lane;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(&ss.idx[buf][16 * warp + lane])), "l"(src)
+                 : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// The copied indices of tile (in idx[buf]), lim its row's limit.
+template <typename Cfg>
+__device__ __forceinline__ GatherIndex copied_index(typename Cfg::SharedStorage& ss, Tile tile, int warp, int lane,
+                                                    int buf, int lim) {
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  if (lane >= 16) return {-1, 0, 0};
+  return {ss.idx[buf][16 * warp + lane], tile.tok + 16 * warp + lane, lim};
 }
 
 // Warp w's 16 tokens of tile m into slot m % SLOTS (lanes 0-15, token 16 w + lane: a bulk copy of its
@@ -172,7 +204,10 @@ __device__ __forceinline__ uint32_t e4m3_pair(uint32_t a, uint32_t b) {
 // part times 2^100; heads past h_q are zero. 16-byte global loads (8 values of one head), issued
 // together; each gives 4 bf16 pairs of logical columns.
 template <typename Cfg>
-__device__ __forceinline__ void load_q(const DecodeParams& p, typename Cfg::SharedStorage& ss, int bi, int tw) {
+__device__ __forceinline__ void load_q(const DecodeParams& p, typename Cfg::SharedStorage& ss, int bi, int tw_) {
+  // (an opaque thread index: its addresses are recomputed here, once a piece, not hoisted out of the
+  // tile loop into registers that the loop does not have)
+  const int tw = opaque(tw_);
   constexpr int N = Cfg::N, kChunks = N * Cfg::D / 8, kPer = (kChunks + 127) / 128;
   const int head0 = blockIdx.z * Cfg::kHeadsPerCta;
   const cutlass::bfloat16_t* qb = reinterpret_cast<const cutlass::bfloat16_t*>(p.q) + (long long)bi * p.q_stride_b;
@@ -224,6 +259,20 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, typename Cfg::Shar
   fence_proxy_async_shared();  // generic stores, read by wgmma
 }
 
+// Row bi's Q (the CTA's heads) into L2: its next piece's Q, a tile or two before load_q reads it
+// (waited for at a piece's start, a Q load's round trip was ~18% of the kernel's stall samples).
+template <typename Cfg>
+__device__ __forceinline__ void prefetch_q(const DecodeParams& p, int bi, int tw) {
+  constexpr int kLines = Cfg::D * 2 / 128;  // 128-byte lines a head
+  const int head0 = blockIdx.z * Cfg::kHeadsPerCta;
+  const char* qb = reinterpret_cast<const char*>(p.q) + (long long)bi * p.q_stride_b * 2;
+#pragma unroll
+  for (int i = 0; i < (Cfg::N * kLines + 127) / 128; ++i) {
+    const int id = tw + 128 * i, n = id / kLines;
+    if (n < Cfg::N && head0 + n < p.h_q) prefetch_l2(qb + (long long)(head0 + n) * p.q_stride_h * 2 + 128 * (id % kLines));
+  }
+}
+
 // stmatrix .x4 / .x2 .trans: matrix m's row i (addressed by lane 8 m + i) is column i of the
 // fragment's 8 x 8 matrix m.
 __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
@@ -251,7 +300,7 @@ __device__ __forceinline__ constexpr int col_slot(int i) { return 2 * (i / 4) + 
 // bits: the warp's valid bits of the tiles in its slots, 16 a tile, tile m's lowest.
 template <typename Cfg>
 __device__ __forceinline__ void decode_loop(const DecodeParams& p, const void* cache, typename Cfg::SharedStorage& ss,
-                                            const Walk& walk, int tid, GatherIndex& gi, uint64_t bits) {
+                                            const Walk& walk, int tid, uint64_t bits) {
   using namespace cute;
   using Element = typename Cfg::Element;
   constexpr int N = Cfg::N, R = Cfg::R, kCols = N / 4;
@@ -265,10 +314,16 @@ __device__ __forceinline__ void decode_loop(const DecodeParams& p, const void* c
 
   ColState<Cfg> st;
   int cur_bi = -1;
-  for (int m = 0; m < walk.num_tiles; ++m) {
-    const Tile tile = walk_tile(walk.origin, walk.tiles_per_row, m);
+  Tile tile = walk_tile(walk.origin, walk.tiles_per_row, 0);
+  // The next tile to gather (SLOTS of the walk; its indices are in idx[SLOTS % 2]) and its row limit.
+  Tile itile = tile;
+  for (int k = 0; k < Cfg::SLOTS; ++k) itile = next_tile(itile, p.topk);
+  int ilim = Cfg::SLOTS < walk.num_tiles ? row_limit(p, itile) : 0;
+  for (int m = 0; m < walk.num_tiles; ++m, tile = next_tile(tile, p.topk)) {
     const bool fresh = tile.bi != cur_bi;
-    const bool last = m + 1 == walk.num_tiles || walk_tile(walk.origin, walk.tiles_per_row, m + 1).bi != tile.bi;
+    const bool last = m + 1 == walk.num_tiles || tile.tok + 64 >= p.topk;
+    // The next row's Q into L2 at this row's last two tiles, when the walk goes on into it.
+    if (tile.tok + 128 >= p.topk && m + (p.topk - tile.tok) / 64 < walk.num_tiles) prefetch_q<Cfg>(p, tile.bi + 1, tw);
     if (fresh) {
       // Every warp's S of the previous piece is done (its wgmma waited) before Q is rewritten.
       cta_sync();
@@ -290,8 +345,10 @@ __device__ __forceinline__ void decode_loop(const DecodeParams& p, const void* c
     // ---- S^T = K Q^T: 8 nope groups (block G / 2) and the rope, 4 k-steps each ----
     FragC acc[5];
     FragA a[2];
+    // A group's two 16-byte loads are issued a group ahead of their conversion (their latency was
+    // the S phase's main stall).
+    uint4 x0 = ld_shared_v4(rec0 + 16 * q), x1 = ld_shared_v4(rec1 + 16 * q);
     auto fill_nope = [&](FragA& f, int G) {
-      const uint4 x0 = ld_shared_v4(rec0 + 64 * G + 16 * q), x1 = ld_shared_v4(rec1 + 64 * G + 16 * q);
       const uint32_t r0[4] = {x0.x, x0.y, x0.z, x0.w}, r1[4] = {x1.x, x1.y, x1.z, x1.w};
       auto fa = recast<uint32_t>(f);
 #pragma unroll
@@ -339,6 +396,10 @@ __device__ __forceinline__ void decode_loop(const DecodeParams& p, const void* c
       }
       if (G < 8) {
         fill_nope(f, G);
+        if (G < 7) {
+          x0 = ld_shared_v4(rec0 + 64 * (G + 1) + 16 * q);
+          x1 = ld_shared_v4(rec1 + 64 * (G + 1) + 16 * q);
+        }
       } else {
         fill_rope(f);
       }
@@ -406,8 +467,12 @@ __device__ __forceinline__ void decode_loop(const DecodeParams& p, const void* c
     // Every warp has read the slot: refill it with tile m + SLOTS (its indices loaded a tile ago).
     bits >>= 16;
     if (m + Cfg::SLOTS < walk.num_tiles) {
-      bits |= uint64_t(gather<Cfg>(p, cache, ss, m + Cfg::SLOTS, w, lane, gi)) << (16 * (Cfg::SLOTS - 1));
-      gi = load_index(p, walk, m + Cfg::SLOTS + 1, w, lane);
+      const int t = m + Cfg::SLOTS;
+      const GatherIndex gi = copied_index<Cfg>(ss, itile, w, lane, t & 1, ilim);
+      bits |= uint64_t(gather<Cfg>(p, cache, ss, t, w, lane, gi)) << (16 * (Cfg::SLOTS - 1));
+      itile = next_tile(itile, p.topk);
+      copy_indices<Cfg>(p, ss, t + 1 < walk.num_tiles, itile, w, lane, (t + 1) & 1);
+      if (itile.tok == 0 && t + 1 < walk.num_tiles) ilim = row_limit(p, itile);  // (a new row: once a row)
     }
     float alpha[kCols], muse[kCols];
     bool moved = false;
@@ -576,14 +641,13 @@ __device__ __forceinline__ void narrow_decode_body(const DecodeParams& p, const 
   __syncthreads();
   pdl_wait_primary();  // (the metadata kernel's schedule)
   const narrow::Walk walk = narrow::cta_walk(p);
-  narrow::GatherIndex gi{-1, 0, 0};
   uint64_t bits = 0;
-  for (int m = 0; m < Cfg::SLOTS && m < walk.num_tiles; ++m) {
-    gi = narrow::load_index(p, walk, m, w, lane);
-    bits |= uint64_t(narrow::gather<Cfg>(p, cache, ss, m, w, lane, gi)) << (16 * m);
+  narrow::Tile tile = narrow::walk_tile(walk.origin, walk.tiles_per_row, 0);
+  for (int m = 0; m < Cfg::SLOTS && m < walk.num_tiles; ++m, tile = narrow::next_tile(tile, p.topk)) {
+    bits |= uint64_t(narrow::gather<Cfg>(p, cache, ss, m, w, lane, narrow::load_index(p, tile, w, lane))) << (16 * m);
   }
-  gi = narrow::load_index(p, walk, Cfg::SLOTS, w, lane);
-  narrow::decode_loop<Cfg>(p, cache, ss, walk, tid, gi, bits);
+  narrow::copy_indices<Cfg>(p, ss, Cfg::SLOTS < walk.num_tiles, tile, w, lane, Cfg::SLOTS & 1);
+  narrow::decode_loop<Cfg>(p, cache, ss, walk, tid, bits);
   pdl_launch_dependents();
 }
 
