@@ -225,11 +225,13 @@ def test_examples_are_not_prewarmed_by_default(monkeypatch):
     assert examples == {"tile_copy", "wgmma_gemm"}
     indexer = {"indexer_logits_sm90", "indexer_paged_sm90", "indexer_metadata"}
     assert _families_of() == {"mla_metadata", "mla_decode_sm90", "merge_states", "prefill_sm90", *indexer,
-                              "mla_sparse_sm90"}
+                              "mla_sparse_sm90", "mla_sparse_narrow_sm90"}
     assert _families_of("--preset", "deepseek-v3") == {"mla_metadata", "mla_decode_sm90", "merge_states",
                                                         "prefill_sm90"}   # (V3 has no indexer; V3.2 does)
-    # Hopper: the sparse attention's wgmma kernel at every head count (16 at TP 8, 128 at TP 1)
-    assert _families_of("--preset", "deepseek-v3.2-tp8") >= indexer | {"mla_sparse_sm90"}
+    # Hopper: the sparse attention's wgmma kernels (16 heads at TP 8: the narrow one for the FP8
+    # records, the wide one for the prefill's bf16 rows)
+    assert _families_of("--preset", "deepseek-v3.2-tp8") >= indexer | {"mla_sparse_sm90", "mla_sparse_narrow_sm90"}
+    assert "mla_sparse_narrow_sm90" not in _families_of("--preset", "deepseek-v3.2-tp1")   # (128 heads)
     assert "mla_sparse_decode" not in _families_of("--preset", "deepseek-v3.2")
     assert _families_of("--arch", "sm_89") == {"mla_metadata", "mla_decode_sm80", "merge_states", "prefill_sm80",
                                                "indexer_metadata", "indexer_logits_sm80", "indexer_paged_sm80",

@@ -371,11 +371,11 @@ def test_sm80_residency_model_matches_header(cache_root):
                     ctas_per_sm_for(rows, arch, smem), (cfg, smem)
     # The sparse kernels (FP8 records; bf16 rows, whose tiles grow with the heads).
     from mla_jit.configs.decode import SPARSE_KV
-    from mla_jit.configs.sparse import BF16_ROWS, FP8_RECORDS, SparseWsConfig, sparse_config
+    from mla_jit.configs.sparse import BF16_ROWS, FP8_RECORDS, SparseNarrowConfig, SparseWsConfig, sparse_config
     for arch_name, h_q, (kv, d) in itertools.product(("sm_80", "sm_89", "sm_90a"), (16, 32, 128),
                                                       ((FP8_RECORDS, 576), (BF16_ROWS, 576), (BF16_ROWS, 512))):
         cfg = sparse_config(kv, d, 64, parse_arch(arch_name), h_q)
-        if isinstance(cfg, SparseWsConfig):   # the wgmma kernel (sm_90a): not this family
+        if isinstance(cfg, (SparseWsConfig, SparseNarrowConfig)):   # the wgmma kernels (sm_90a): not this family
             continue
         cpp = (f"mla_jit::decode::SplitKVSm80Config<cutlass::bfloat16_t, {d}, 512, 64, {cfg.block_m}, {cfg.block_n}, "
                f"{cfg.num_stages}, {cfg.num_warps}, {cfg.smem_limit}, {SPARSE_KV[kv]}>")

@@ -1,10 +1,12 @@
 """Configs of the sparse (DSA) attention kernels: pure functions of the arch and the token storage.
 
 Tokens are FlashMLA's FP8 records (the decode's cache, also read by the sparse prefill) or bf16 rows
-(the sparse prefill's kv, d_qk 576 or 512), gathered by index. On sm_90a, at every head count: the
-dense decode's warp-specialized wgmma kernel (splitkv_ws.cuh with SPARSE_KV, SparseWsConfig): 64 heads
-of one query token a tile (fewer heads pad the tile, as FlashMLA does), the P V warpgroups gathering
-the tiles (and de-quantizing FP8 records into bf16). On sm_80 / sm_86 / sm_89 the mma.sync split-KV
+(the sparse prefill's kv, d_qk 576 or 512), gathered by index. On sm_90a, FP8 records of at most
+NARROW_MAX_HEADS heads: the narrow kernel (sparse/narrow_decode_sm90.cuh, SparseNarrowConfig), heads as
+wgmma's N, 1.35-1.45x the wide kernel at 8-16 heads (H200, bench/NOTES.md session 40); else the dense
+decode's warp-specialized wgmma kernel (splitkv_ws.cuh with SPARSE_KV, SparseWsConfig): 64 heads of one
+query token a tile (fewer heads pad the tile, as FlashMLA does), the P V warpgroups gathering the
+tiles (and de-quantizing FP8 records into bf16). On sm_80 / sm_86 / sm_89 the mma.sync split-KV
 kernel (splitkv_sm80.cuh with SPARSE_KV): FP8 records 16 heads a CTA with Q in registers, each tile
 de-quantized one tile ahead of its use; bf16 rows on the dense family's tiles, so that above 16 heads
 a gathered row feeds 32 or 64 heads' MMAs.
@@ -36,7 +38,8 @@ _ROWS_PAGE = 64
 _SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024}
 
 
-# The narrow sm_90a kernel (SparseNarrowConfig) serves FP8 records up to this many heads.
+# The narrow sm_90a kernel (SparseNarrowConfig) serves FP8 records up to this many heads (above, a CTA
+# of 16 heads would re-read every record for each head tile; 32 heads stay on the wide kernel).
 NARROW_MAX_HEADS = 16
 
 
@@ -111,11 +114,12 @@ def _tiles(arch: Arch, head_dim: int, kv: str, h_q: int) -> tuple[int, int, int,
 
 @functools.lru_cache(maxsize=None)
 def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch,
-                  h_q: int = BLOCK_M) -> Sm80DecodeConfig | SparseWsConfig:
+                  h_q: int = BLOCK_M) -> Sm80DecodeConfig | SparseWsConfig | SparseNarrowConfig:
     """The kernel over `kv` tokens (FP8_RECORDS in pages of page_size, or BF16_ROWS of head_dim) for
-    h_q query heads: the wgmma kernel on sm_90a, else the mma.sync kernel's tiles. The wgmma kernel
-    also below 64 heads (a tile of 8 or 16 heads is mostly padding, as in FlashMLA): at 16 heads it
-    took 0.74-0.84x the time of the mma.sync kernel's 16-row tiles (H200, bench/NOTES.md session 27).
+    h_q query heads: on sm_90a the narrow kernel for FP8 records up to NARROW_MAX_HEADS heads (8- or
+    16-head CTAs), else the wide wgmma kernel; elsewhere the mma.sync kernel's tiles. bf16 rows take
+    the wide kernel below 64 heads too (a tile of 8 or 16 heads is mostly padding, as in FlashMLA): at
+    16 heads it took 0.74-0.84x the time of the mma.sync kernel's 16-row tiles (H200, session 27).
     No clusters: session 26's pairs of head tiles (each CTA de-quantizing half of every tile for both)
     lost once the records came by bulk copies (0.85x, session 27)."""
     if arch.name == "sm_90a":

@@ -75,6 +75,8 @@ struct NarrowSm90Config {
     alignas(8) uint64_t landed[SLOTS];
   };
   static constexpr int kSmemBytes = Sm90SmemSize<SharedStorage>::kBytes;
+  // 2 CTAs an SM (the launch bounds, configs/sparse.py resident_ctas): 228 KB, 1 KB reserved a CTA.
+  static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs an SM");
 };
 
 namespace narrow {
