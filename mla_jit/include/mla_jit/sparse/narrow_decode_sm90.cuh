@@ -1,6 +1,7 @@
-// mla_jit sparse (DSA) decode over FlashMLA's FP8 records on sm_90a for few heads (h_q <= 16 a
-// group of a CTA): the "narrow" kernel, whose tensor work scales with the heads instead of padding
-// them to wgmma's M = 64 (FlashMLA, and our splitkv_ws.cuh kernel, pay 64 heads' MMAs at 8 or 16).
+// mla_jit sparse (DSA) decode over FlashMLA's FP8 records on sm_90a for few heads (h_q <= 16: a CTA
+// serves 8 or 16 heads of one query token): the "narrow" kernel, whose tensor work scales with the
+// heads instead of padding them to wgmma's M = 64 (FlashMLA, and our splitkv_ws.cuh kernel, pay 64
+// heads' MMAs at 8 or 16).
 //
 // Swapped operands. With the heads as wgmma's N (8 or 16):
 //   S^T (64 tokens x N)  = K (64 x 576, registers)   . Q^T (smem, K-major, N rows)
@@ -24,7 +25,9 @@
 //
 // CTA: one warpgroup (8 or 16 heads of one query token), 2 CTAs an SM. Each warp gathers its own
 // 16 tokens of each tile (a bulk copy of a record a token, completing on landed[s]) into SLOTS record
-// slots, SLOTS tiles ahead; a warp keeps its tokens' valid bits itself (its S rows are its tokens).
+// slots, SLOTS tiles ahead; a warp keeps its tokens' valid bits itself (its S rows are its tokens);
+// the indices of the tile after come by cp.async (copy_indices), the next row's Q into L2 ahead of
+// its piece (prefetch_q).
 // Per tile: S^T by 9 commit groups of 4 k-steps (A registers double-buffered), the V words and the
 // scales read, the column max across the 4 warps (red, by tile parity; after that barrier every warp
 // is done with the slot, which it refills with tile m + SLOTS), P' stored by stmatrix .trans, a named
