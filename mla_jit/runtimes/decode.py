@@ -172,47 +172,49 @@ def _sparse_prewarm(arch: Arch, presets: list[Preset]) -> list:
     return list(dict.fromkeys(configs))
 
 
+class _SparseSm90Family(KernelFamily):
+    """What the sm_90a sparse families share: the split-KV and combine entries, the ops they serve,
+    their prewarm list (the sparse presets' kernels that map to the family); a subclass names its
+    template's own fields (kernel_fields)."""
+    ops = ("flash_mla_with_kvcache", "flash_mla_sparse_fwd")
+    tunings = ("sm_90a",)
+    SPLITKV = "mla_jit_sparse_splitkv"
+    COMBINE = "mla_jit_decode_combine"
+
+    def kernel_fields(self, cfg) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def entry_points(self, cfg) -> tuple[str, ...]:
+        return (self.SPLITKV, self.COMBINE)
+
+    def render_context(self, cfg, arch: ArchPair) -> dict[str, Any]:
+        return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, **self.kernel_fields(cfg)}
+
+    def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable:
+        return [c for c in _sparse_prewarm(arch, presets) if family_of(c) == self.name]
+
+
 @register
-class MlaSparseSm90Family(KernelFamily[SparseWsConfig]):
+class MlaSparseSm90Family(_SparseSm90Family):
     """The sparse (DSA) attention's wgmma kernel on sm_90a (configs/sparse.py SparseWsConfig):
     the dense decode's warp-specialized split-KV kernel with the P V warpgroups gathering the tiles."""
     name = "mla_sparse_sm90"
     template = "mla_sparse_sm90.cu.j2"
     config_type = SparseWsConfig
-    ops = ("flash_mla_with_kvcache", "flash_mla_sparse_fwd")
-    tunings = ("sm_90a",)
-    SPLITKV = "mla_jit_sparse_splitkv"
-    COMBINE = "mla_jit_decode_combine"
 
-    def entry_points(self, cfg: SparseWsConfig) -> tuple[str, ...]:
-        return (self.SPLITKV, self.COMBINE)
-
-    def render_context(self, cfg: SparseWsConfig, arch: ArchPair) -> dict[str, Any]:
-        return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "head_dim": cfg.head_dim,
-                "num_stages": cfg.num_stages, "sparse_kv": cfg.sparse_kv, "page_size": cfg.page_size}
-
-    def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[SparseWsConfig]:
-        return [c for c in _sparse_prewarm(arch, presets) if family_of(c) == self.name]
+    def kernel_fields(self, cfg: SparseWsConfig) -> dict[str, Any]:
+        return {"head_dim": cfg.head_dim, "num_stages": cfg.num_stages, "sparse_kv": cfg.sparse_kv,
+                "page_size": cfg.page_size}
 
 
 @register
-class MlaSparseNarrowSm90Family(KernelFamily[SparseNarrowConfig]):
+class MlaSparseNarrowSm90Family(_SparseSm90Family):
     """The sparse (DSA) attention over FP8 records on sm_90a for few heads (configs/sparse.py
     SparseNarrowConfig): swapped wgmma operands, heads as N."""
     name = "mla_sparse_narrow_sm90"
     template = "mla_sparse_narrow_sm90.cu.j2"
     config_type = SparseNarrowConfig
-    ops = ("flash_mla_with_kvcache", "flash_mla_sparse_fwd")
-    tunings = ("sm_90a",)
-    SPLITKV = "mla_jit_sparse_splitkv"
-    COMBINE = "mla_jit_decode_combine"
 
-    def entry_points(self, cfg: SparseNarrowConfig) -> tuple[str, ...]:
-        return (self.SPLITKV, self.COMBINE)
-
-    def render_context(self, cfg: SparseNarrowConfig, arch: ArchPair) -> dict[str, Any]:
-        return {"splitkv_entry": self.SPLITKV, "combine_entry": self.COMBINE, "heads": cfg.heads,
-                "slots": cfg.slots, "page_size": cfg.page_size}
-
-    def prewarm_configs(self, arch: Arch, presets: list[Preset]) -> Iterable[SparseNarrowConfig]:
-        return [c for c in _sparse_prewarm(arch, presets) if family_of(c) == self.name]
+    def kernel_fields(self, cfg: SparseNarrowConfig) -> dict[str, Any]:
+        return {"heads": cfg.heads, "slots": cfg.slots, "page_size": cfg.page_size,
+                "min_blocks": cfg.resident_ctas}
