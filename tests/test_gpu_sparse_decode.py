@@ -85,9 +85,13 @@ def test_sparse_decode_matches_reference(case):
 
 # 128 heads (and 100: a partial second tile) on sm_90a: two 64-head tiles walking the same tokens,
 # with invalid indices and topk_length in both halves, small pages, empty rows, all-invalid rows.
+# They run as a cluster pair sharing each tile's de-quantization: walks of 1, 2 and 3 tiles (the
+# pipeline's prologue), 65 heads (one real head in the second tile), float32 scales.
 _TWO_HEAD_TILES = [SparseCase(3, 2, 128, 512, page=16, invalid=0.5, topk_length=True, sink=True),
            SparseCase(4, 1, 100, 320, topk_length=True, zero_lengths=True),
-           SparseCase(2, 1, 128, 256, invalid=1.0)]
+           SparseCase(2, 1, 128, 256, invalid=1.0),
+           SparseCase(3, 1, 65, 64, invalid=0.3), SparseCase(2, 2, 128, 128, page=16, topk_length=True),
+           SparseCase(5, 1, 96, 192, pow2_scales=False, sink=True)]
 
 
 @pytest.mark.parametrize("case", _TWO_HEAD_TILES, ids=str)

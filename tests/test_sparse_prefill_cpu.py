@@ -51,13 +51,18 @@ def test_every_head_count_takes_the_wgmma_kernel_on_hopper(h_q, d):
         assert fp8 == SparseNarrowConfig(8 if h_q <= 8 else 16, 2, 16)
         assert family_of(fp8) == "mla_sparse_narrow_sm90" and (fp8.block_m, fp8.num_threads) == (fp8.heads, 128)
     else:
-        assert fp8 == SparseWsConfig(576, 2, FP8_RECORDS, 16)
+        # Two head tiles (65-128 heads): the pair as a cluster sharing each tile's de-quantization.
+        pair = 2 if h_q > 64 else 1
+        assert fp8 == SparseWsConfig(576, 2, FP8_RECORDS, 16, cluster_m=pair)
+        assert fp8.cluster == ((1, 1, 2) if pair == 2 else None)
     assert family_of(sparse_config(BF16_ROWS, d, 64, parse_arch("sm_80"), h_q)) == "mla_sparse_decode"
     assert family_of(sparse_config(FP8_RECORDS, 576, 64, parse_arch("sm_89"), h_q)) == "mla_sparse_decode"
     with pytest.raises(InvalidArgumentError, match="SparseWsConfig.head_dim"):
         SparseWsConfig(192, 3)
     with pytest.raises(InvalidArgumentError, match="SparseWsConfig.num_stages"):
         SparseWsConfig(576, 3, FP8_RECORDS)
+    with pytest.raises(InvalidArgumentError, match="SparseWsConfig.cluster_m"):
+        SparseWsConfig(576, 3, cluster_m=2)
 
 
 def _args(**kw):
@@ -141,10 +146,11 @@ def test_prewarm_lists_the_prefill_kernels():
     # the kernels of the presets' head counts (128 / 64 / 32 / 16 heads at TP 1 / 2 / 4 / 8): on Ada
     # 16-row tiles (FP8 records; bf16 rows at 16 heads) and 32-row ones (bf16 rows above)
     assert {c.block_m for c in configs} == {16, 32}
-    # Hopper: the wgmma kernel at every head count
+    # Hopper: the wgmma kernel above 16 heads (at 128 heads as cluster pairs) and for bf16 rows
     assert family.prewarm_configs(parse_arch("sm_90a"), v32) == []
     assert set(registry.get("mla_sparse_sm90").prewarm_configs(parse_arch("sm_90a"), v32)) == {
-        SparseWsConfig(576, 2, FP8_RECORDS, 64), SparseWsConfig(576, 3)}
+        SparseWsConfig(576, 2, FP8_RECORDS, 64), SparseWsConfig(576, 2, FP8_RECORDS, 64, cluster_m=2),
+        SparseWsConfig(576, 3)}
     # (16 heads at TP 8: the narrow kernel)
     assert set(registry.get("mla_sparse_narrow_sm90").prewarm_configs(parse_arch("sm_90a"), v32)) == {
         SparseNarrowConfig(16, 2, 64)}
@@ -195,11 +201,12 @@ def test_narrow_fp8_records_kernel_compiles(heads, cache_root, monkeypatch, tmp_
 
 
 @pytest.mark.slow
-def test_fp8_records_wgmma_kernel_compiles_without_spills(cache_root, monkeypatch):
+@pytest.mark.parametrize("cluster_m", [1, 2])
+def test_fp8_records_wgmma_kernel_compiles_without_spills(cluster_m, cache_root, monkeypatch):
     monkeypatch.setenv("MLA_JIT_PTXAS_VERBOSE", "1")
     arch = ArchPair(parse_arch("sm_90a"), parse_arch("sm_90a"))
     family = registry.get("mla_sparse_sm90")
-    binary = build(family.source(SparseWsConfig(576, 2, FP8_RECORDS, 16), arch))
+    binary = build(family.source(SparseWsConfig(576, 2, FP8_RECORDS, 16, cluster_m=cluster_m), arch))
     report = binary.log.split(f"Function properties for {family.SPLITKV}")[1].splitlines()[1]
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, binary.log
     assert "C75" not in binary.log, binary.log

@@ -57,6 +57,7 @@ class SparseNarrowConfig:
     fused_combine = False
     num_threads = 128
     resident_ctas = 2
+    cluster = None
 
     def __post_init__(self):
         check_fields(self, heads=(8, 16), slots=(2,), page_size=SUPPORTED_PAGE_SIZES)
@@ -77,6 +78,9 @@ class SparseWsConfig:
     num_stages: int
     sparse: str = BF16_ROWS
     page_size: int = _ROWS_PAGE
+    # FP8 records over two head tiles (65-128 heads): 2 runs the pair as a cluster that shares each
+    # tile's de-quantization ("crossover", splitkv_ws.cuh); 1 de-quantizes every tile in both CTAs.
+    cluster_m: int = 1
 
     block_m = 64
     num_threads = 384
@@ -84,14 +88,21 @@ class SparseWsConfig:
 
     def __post_init__(self):
         check_fields(self, head_dim=PREFILL_HEAD_DIMS, num_stages=(2, 3), sparse=(BF16_ROWS, FP8_RECORDS),
-                     page_size=SUPPORTED_PAGE_SIZES)
+                     page_size=SUPPORTED_PAGE_SIZES, cluster_m=(1, 2))
         if self.sparse == FP8_RECORDS and (self.head_dim, self.num_stages) != (HEAD_DIM, 2):
             raise InvalidArgumentError("SparseWsConfig.num_stages", "head_dim 576 and 2 stages for FP8 records",
                                        f"{self.head_dim}, {self.num_stages}")
+        if self.cluster_m != 1 and self.sparse != FP8_RECORDS:
+            raise InvalidArgumentError("SparseWsConfig.cluster_m", "1 for bf16 rows", self.cluster_m)
 
     @property
     def sparse_kv(self) -> int:
         return SPARSE_KV[self.sparse]
+
+    @property
+    def cluster(self) -> tuple[int, int, int] | None:
+        """Launch cluster dims (the grid's head tiles are its z), or None."""
+        return (1, 1, self.cluster_m) if self.cluster_m > 1 else None
 
 
 def _tiles(arch: Arch, head_dim: int, kv: str, h_q: int) -> tuple[int, int, int, int]:
@@ -120,14 +131,17 @@ def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch,
     16-head CTAs), else the wide wgmma kernel; elsewhere the mma.sync kernel's tiles. bf16 rows take
     the wide kernel below 64 heads too (a tile of 8 or 16 heads is mostly padding, as in FlashMLA): at
     16 heads it took 0.74-0.84x the time of the mma.sync kernel's 16-row tiles (H200, session 27).
-    No clusters: session 26's pairs of head tiles (each CTA de-quantizing half of every tile for both)
-    lost once the records came by bulk copies (0.85x, session 27)."""
+    FP8 records over two head tiles (65-128 heads) run as cluster pairs sharing each tile's
+    de-quantization (bulk copies between the pair's shared memories, half-tile record slots gathered 3
+    tiles ahead): 1.10x the unpaired kernel at 128 heads s_q 1-2, 1.07x on the FP8-cache prefill
+    (H200, bench/NOTES.md session 41; session 26's st.async pairs lost, 0.85x, session 27)."""
     if arch.name == "sm_90a":
         if kv == BF16_ROWS:
             return SparseWsConfig(head_dim, 3)
         if h_q <= NARROW_MAX_HEADS:
             return SparseNarrowConfig(8 if h_q <= 8 else 16, 2, page_size)
-        return SparseWsConfig(HEAD_DIM, 2, kv, page_size)
+        pair = 2 if -(-h_q // SparseWsConfig.block_m) == 2 else 1
+        return SparseWsConfig(HEAD_DIM, 2, kv, page_size, cluster_m=pair)
     page = page_size if kv == FP8_RECORDS else _ROWS_PAGE
     block_m, block_n, stages, warps = _tiles(arch, head_dim, kv, h_q)
     return Sm80DecodeConfig("bf16", head_dim, HEAD_DIM_V, page, block_m, block_n, stages, warps,

@@ -204,7 +204,7 @@ class MlaSparseSm90Family(_SparseSm90Family):
 
     def kernel_fields(self, cfg: SparseWsConfig) -> dict[str, Any]:
         return {"head_dim": cfg.head_dim, "num_stages": cfg.num_stages, "sparse_kv": cfg.sparse_kv,
-                "page_size": cfg.page_size}
+                "page_size": cfg.page_size, "cluster_m": cfg.cluster_m}
 
 
 @register

@@ -55,7 +55,8 @@ def splitkv_launcher(kv: str, head_dim: int, page_size: int, h_q: int, parts: in
     family = registry.get(family_of(cfg))
     launch = family.launcher(cfg, arch, family.SPLITKV, device_index, (Blob(DECODE_PARAMS.size), PTR),
                              (parts, 1, -(-h_q // cfg.block_m)), (cfg.num_threads, 1, 1),
-                             dynamic_smem=_kernel_smem(family, cfg, arch, device_index))
+                             dynamic_smem=_kernel_smem(family, cfg, arch, device_index),
+                             cluster=cfg.cluster)
     return launch, cfg
 
 

@@ -181,6 +181,24 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t 
       : "memory");
 }
 
+// The address of `local`'s counterpart in the shared memory of cluster CTA `cta`.
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t local, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(cta));
+  return remote;
+}
+
+// Bulk copy (the TMA engine) of `bytes` (a multiple of 16; 16-byte aligned) of this CTA's shared
+// memory into a peer's (remote_dst, from mapa_shared), completing `bytes` of the peer's mbarrier at
+// remote_bar. The source must be visible to the async proxy (fence_proxy_async_shared after its
+// stores) and must not be rewritten before the peer has seen the bytes land.
+__device__ __forceinline__ void bulk_copy_to_peer(uint32_t remote_dst, uint32_t src, uint32_t bytes,
+                                                  uint32_t remote_bar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(remote_dst), "r"(src), "r"(bytes), "r"(remote_bar)
+               : "memory");
+}
+
 // Every thread of every CTA of the cluster (all threads must call it).
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");

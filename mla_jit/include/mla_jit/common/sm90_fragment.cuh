@@ -135,6 +135,11 @@ __device__ __forceinline__ uint32_t ld_shared_u8(uint32_t addr) {
   asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 // An arrival on bar once every cp.async this thread issued so far has landed; counts as one of the
 // barrier's expected arrivals (.noinc).
 __device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {

@@ -136,6 +136,15 @@
 //   kv_ready[s], which also frees the slot for the next tile's copies. Per tile n: [named barrier 6:
 //   P V(n - 1) done] de-quantize tile n + 1 -> P V(n), and while its wgmma runs the gather of tile
 //   n + 2 and the index of n + 3.
+//   Crossover (FP8 records, CLUSTER_M 2: the two 64-head tiles of a row, grid z 2, one cluster):
+//   FlashMLA's split of the de-quantization across the pair. CTA c gathers and converts tokens
+//   32 c .. 32 c + 31 of each tile (ws_dequant_half: warp w a 64-column chunk) into its stage and
+//   hands them to the peer's stage by bulk copies (shared -> distributed shared memory, 2 a warp),
+//   which complete on the peer's kv_ready (8 local arrivals expecting the peer's 36 KB). Half-tile
+//   record slots (2, slot_read frees one) let the gather run 3 tiles ahead. A stage is rewritten
+//   once both CTAs are past its previous tile: the named barrier here, peer_free (thread 128's
+//   arrival from the peer) there. Session 26's crossover (st.async a thread, the peer's valid bits,
+//   one slot) lost to the unpaired kernel once records came by bulk copies (bench/NOTES.md).
 //
 // Code: mla_splitkv_ws_body (barrier setup, role dispatch, the fused combine's step 2) runs
 // ws_softmax_warpgroup in WG0 (per piece ws_load_q; per tile ws_issue_s, ws_wait_s, ws_softmax,
@@ -466,8 +475,17 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
                 "a tile-wide box: the dense decode, a page per tile, whole groups of chunks");
   static_assert(SPARSE_KV_ >= 0 && SPARSE_KV_ <= 2, "SPARSE_KV: 0 (dense paged), 1 (FP8 records), 2 (bf16 rows)");
   static_assert(!kSparse || (cute::is_same_v<Element, cutlass::bfloat16_t> && !KV_FP8_ && !FUSED_COMBINE_ &&
-                             CLUSTER_M_ == 1 && (kSparseFp8 || PAGE_SIZE_ == 64)),
-                "sparse: bf16, the combine kernel, no cluster; bf16 rows have no pages (PAGE_SIZE 64 stands in)");
+                             (CLUSTER_M_ == 1 || kSparseFp8) && (kSparseFp8 || PAGE_SIZE_ == 64)),
+                "sparse: bf16, the combine kernel, clusters for FP8 records only; bf16 rows have no pages "
+                "(PAGE_SIZE 64 stands in)");
+  // FP8 records with CLUSTER_M 2 ("crossover", FlashMLA's name): the two head tiles of a row (grid z
+  // 2 = the cluster) share each tile's de-quantization. CTA rank c gathers and converts tokens 32 c ..
+  // 32 c + 31 of every tile into its own stage and sends them to its peer's by bulk copies (shared ->
+  // distributed shared memory, completing on the peer's kv_ready); its record slot holds half a tile,
+  // so two slots fit and the gather runs three tiles ahead. See the header's "Crossover".
+  static constexpr bool kCrossover = kSparseFp8 && CLUSTER_M_ == 2;
+  static constexpr int kRecordSlots = kCrossover ? 2 : 1;
+  static constexpr int kSlotTokens = BLOCK_N_ / kRecordSlots;  // tokens of a record slot
   static_assert(!kSparseFp8 || (HEAD_DIM_ == 576 && NUM_STAGES_ == 2), "FP8 records: d 576, 2 stages, a record slot");
   // The P V warpgroups de-quantize each tile into its 16-bit stage and announce it on kv_ready.
   static constexpr bool kDequantInPv = kKvFp8 || kSparseFp8;
@@ -551,10 +569,14 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
   // FP8 records: one tile of records (41 KB), gathered a tile ahead of its de-quantization, a bulk
   // copy a token completing on `landed` (BLOCK_N arrivals and the records' bytes).
   struct RecordSlot {
-    alignas(1024) unsigned char records[BLOCK_N * kRecordBytes];
+    alignas(1024) unsigned char records[kRecordSlots][kSlotTokens * kRecordBytes];
     // Zeros (written once), de-quantized in place of an invalid token's stale slot bytes.
     alignas(16) unsigned char null_record[kRecordBytes];
-    alignas(8) uint64_t landed;
+    alignas(8) uint64_t landed[kRecordSlots];
+    // Crossover: the 8 P V warps have read slot k's records (its refill waits), and the peer's P V
+    // warpgroups are past their use of stage s (one arrival from the peer: this CTA may write it).
+    uint64_t slot_read[kRecordSlots];
+    uint64_t peer_free[NUM_STAGES];
   };
   struct SharedStorage
       : cute::conditional_t<kKvFp8, LandingSlots, cute::conditional_t<kSparseFp8, RecordSlot, NoLandingSlots>> {
@@ -1421,20 +1443,31 @@ __device__ __forceinline__ void ws_load_index(const DecodeParams& p, int origin,
 // de-quantization and the wgmma issue, took 1.15-1.19x the time). The slot held tile m - 1: every P V warp arrived on its kv_ready after
 // de-quantizing it (reading the slot), which the issuing threads wait for. An invalid token copies
 // nothing (its valid bit is 0: its de-quantization writes zeros).
+// Crossover: every quarter-0 thread still loads its token's index (the CTA's valid bits cover the
+// whole tile, so WG0 masks S without the peer), but only the tokens of this CTA's half are copied,
+// into slot m % 2 (row r % 32), once all 8 P V warps have read tile m - 2 from it (slot_read; that also
+// completed the slot's `landed` phase of tile m - 2 before anyone arrives for tile m).
 template <typename Cfg>
 __device__ __forceinline__ void ws_gather_records(const DecodeParams& p, const void* cache,
                                                   typename Cfg::SharedStorage& ss, int m, int t, bool ok, int idx) {
   constexpr int R = Cfg::kRecordBytes, NS = Cfg::NUM_STAGES;
   const WsGatherSlot slot = ws_gather_slot(t);
   if (slot.q != 0) return;
-  if (m > 0) mbarrier_wait(&ss.kv_ready[(m - 1) % NS], ((m - 1) / NS) & 1);
+  const int k = m % Cfg::kRecordSlots;
+  if constexpr (Cfg::kCrossover) {
+    if (m >= 2) mbarrier_wait(&ss.slot_read[k], ((m - 2) / 2) & 1);
+    ok = ok && (slot.r / Cfg::kSlotTokens) == int(cluster_cta_rank());
+  } else {
+    if (m > 0) mbarrier_wait(&ss.kv_ready[(m - 1) % NS], ((m - 1) / NS) & 1);
+  }
   if (ok) {
     const char* src = reinterpret_cast<const char*>(cache) + (long long)(idx / Cfg::PAGE_SIZE) * p.kv_block_stride +
                       (idx % Cfg::PAGE_SIZE) * R;
-    mbarrier_arrive_expect_tx(&ss.landed, R);
-    bulk_load(smem_addr(ss.records) + slot.r * R, src, R, &ss.landed);
+    mbarrier_arrive_expect_tx(&ss.landed[k], R);
+    const int row = Cfg::kCrossover ? slot.r & (Cfg::kSlotTokens - 1) : slot.r;  // in the slot
+    bulk_load(smem_addr(ss.records[k]) + row * R, src, R, &ss.landed[k]);
   } else {
-    mbarrier_arrive(&ss.landed);
+    mbarrier_arrive(&ss.landed[k]);
   }
 }
 
@@ -1479,8 +1512,8 @@ __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& 
   const WsGatherSlot slot = ws_gather_slot(t);
   const int r = slot.r, q = slot.q;
   const bool valid = (ld_shared_u8(smem_addr(ss.tile_valid + 2 * (m % Cfg::kFlagSlots)) + (r >> 3)) >> (r & 7)) & 1u;
-  mbarrier_wait(&ss.landed, m & 1);
-  const uint32_t src = valid ? smem_addr(ss.records) + r * R : smem_addr(ss.null_record);
+  mbarrier_wait(&ss.landed[0], m & 1);
+  const uint32_t src = valid ? smem_addr(ss.records[0]) + r * R : smem_addr(ss.null_record);
   const uint32_t dst = smem_addr(ss.kv[s]);
   auto chunk_addr = [&](int c) { return dst + sw128_offset<BN>(r, 8 * c); };  // columns 8 c .. 8 c + 7
   using Rec = typename Cfg::Record;
@@ -1503,6 +1536,64 @@ __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& 
   fence_proxy_async_shared();  // read by wgmma (async proxy)
   __syncwarp();
   if (t % 32 == 0) mbarrier_arrive(&ss.kv_ready[s]);
+}
+
+// Crossover: this CTA's half of tile m (tokens 32 c .. 32 c + 31, c its rank) into stage m % NS of
+// both CTAs. Warp w converts column chunk w (values 64 w .. 64 w + 63, scale w / 2) of all 32 tokens
+// (lane = token) and copies rope rows 4 w .. 4 w + 3 (a 16-byte unit a lane), so that it alone writes
+// two contiguous pieces of the stage (the chunk's 32 rows, 4 KB, and its 4 rope rows, 512 B: the
+// SW128 swizzle stays within a row), which it then sends to the peer by two bulk copies. Before
+// writing, the stage's previous tile (m - 2) must be done in both CTAs: here the named barrier of the
+// caller, in the peer peer_free (whose arrival also means the peer has seen this CTA's tile m - 2 land,
+// so the copies' source is free to rewrite). kv_ready[s] then completes on the 8 local warps (each
+// expecting its peer warp's 4608 bytes) and the peer's bytes.
+template <typename Cfg>
+__device__ __forceinline__ void ws_dequant_half(typename Cfg::SharedStorage& ss, int m, int t) {
+  constexpr int BN = Cfg::BLOCK_N, NS = Cfg::NUM_STAGES, R = Cfg::kRecordBytes, HALF = Cfg::kSlotTokens;
+  using Rec = typename Cfg::Record;
+  static_assert(BN == 64 && HALF == 32 && Rec::kValuesPerScale == 128 && Rec::kRopeValues * 2 == 128,
+                "a warp a 64-column chunk of 32 tokens, 4 rope rows a warp");
+  constexpr uint32_t kChunkBytes = HALF * 128, kRopeBytes = 4 * 128;
+  const int s = m % NS, k = m % 2;
+  const int w = t / 32, lane = t % 32;
+  const int rank = int(cluster_cta_rank());  // (volatile: re-read, not held through the P V loop)
+  const int r = HALF * rank + lane;                       // the lane's token row (nope)
+  const int rr = HALF * rank + 4 * w + lane / 8, ru = lane % 8;  // its rope row and 16-byte unit
+  // The half's valid bits (4 gathering warps wrote them; a named barrier of the 256 P V threads
+  // lies between: the first-Q barrier for tile 0, the caller's for the others).
+  const uint32_t flags = ld_shared_u32(smem_addr(ss.tile_valid + 2 * (m % Cfg::kFlagSlots) + rank));
+  const bool valid = (flags >> lane) & 1u, rope_valid = (flags >> (rr - HALF * rank)) & 1u;
+  if (m >= 2) mbarrier_wait(&ss.peer_free[s], ((m - 2) / 2) & 1);
+  mbarrier_wait(&ss.landed[k], (m / 2) & 1);
+  const uint32_t slot = smem_addr(ss.records[k]);
+  const uint32_t src = valid ? slot + lane * R : smem_addr(ss.null_record);
+  const uint32_t rope_src = rope_valid ? slot + (rr - HALF * rank) * R : smem_addr(ss.null_record);
+  const uint32_t dst = smem_addr(ss.kv[s]);
+  const float scale = ld_shared_f32(src + Rec::kScaleOffset + 4 * (w / 2));
+  auto cvt = [&](uint32_t x) {  // the two e4m3 of x's low 16 bits, scaled, as bf16x2
+    const float2 f = e4m3x2_to_float2(x);
+    return ElemTraits<cutlass::bfloat16_t>::pack2(f.x * scale, f.y * scale);
+  };
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint4 x = ld_shared_v4(src + 64 * w + 16 * j);
+    const int c = 8 * w + 2 * j;  // columns 8 c .. 8 c + 15
+    st_shared_v4(dst + sw128_offset<BN>(r, 8 * c), make_uint4(cvt(x.x), cvt(x.x >> 16), cvt(x.y), cvt(x.y >> 16)));
+    st_shared_v4(dst + sw128_offset<BN>(r, 8 * c + 8), make_uint4(cvt(x.z), cvt(x.z >> 16), cvt(x.w), cvt(x.w >> 16)));
+  }
+  st_shared_v4(dst + sw128_offset<BN>(rr, Rec::kNopeValues + 8 * ru), ld_shared_v4(rope_src + Rec::kRopeOffset + 16 * ru));
+  fence_proxy_async_shared();  // read by wgmma and by the bulk copies (async proxy)
+  __syncwarp();
+  if (lane == 0) {
+    mbarrier_arrive(&ss.slot_read[k]);
+    const uint32_t peer = uint32_t(rank ^ 1);
+    const uint32_t chunk = dst + w * (BN * 128) + rank * kChunkBytes;
+    const uint32_t rope = dst + (Rec::kNopeValues / 64) * (BN * 128) + (HALF * rank + 4 * w) * 128;
+    const uint32_t peer_bar = mapa_shared(smem_addr(&ss.kv_ready[s]), peer);
+    bulk_copy_to_peer(mapa_shared(chunk, peer), chunk, kChunkBytes, peer_bar);
+    bulk_copy_to_peer(mapa_shared(rope, peer), rope, kRopeBytes, peer_bar);
+    mbarrier_arrive_expect_tx(&ss.kv_ready[s], kChunkBytes + kRopeBytes);  // the peer's warp w sends as much
+  }
 }
 
 // Tiles of this CTA (WG0 owns the walk; the P V warpgroups only need the count).
@@ -1532,7 +1623,9 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
   constexpr int BM = Cfg::BLOCK_M, BN = Cfg::BLOCK_N, DV = Cfg::HEAD_DIM_V;
   static_assert(!Cfg::kFp8, "e4m3: ws_pv_tile_regs");
   Element* kv = ss.kv[stage];
-  Element* v_half = kv + half * (DV / 2) * BN;
+  // Crossover: the warpgroup's half re-derived here (opaque), or its 64-bit offset spills.
+  const int wg_half = Cfg::kCrossover ? opaque(int(threadIdx.x)) / 128 - 1 : half;
+  Element* v_half = kv + wg_half * (DV / 2) * BN;
   mbarrier_wait(&ss.p_full[stage], phase);
   if (Cfg::kSparse && tid_wg == 0 && half == 0) WsPhaseTrace::mark(tile, 6);
   // Complete already (WG0 waited it): TMA bytes visible. KV_FP8: not waited (ws_dequant_tile did;
@@ -1835,7 +1928,18 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
     if (num_tiles > 0) ws_gather_tile<Cfg>(p, kv_rows, ss, origin, 0, tid - 128, gi);
     ws_load_index<Cfg>(p, origin, 1, num_tiles, tid - 128, gi);
     named_barrier_sync(kBarFirstQ, ws_first_q_threads<Cfg>());
-    if constexpr (Cfg::kSparseFp8) {
+    if constexpr (Cfg::kCrossover) {
+      // Tile 0 de-quantized, tiles 1 and 2 gathered (the loop gathers tile n + 3 beside P V(n)).
+      if (num_tiles > 0) ws_dequant_half<Cfg>(ss, 0, tid - 128);
+      if (num_tiles > 1) {
+        ws_gather_tile<Cfg>(p, kv_rows, ss, origin, 1, tid - 128, gi);
+        ws_load_index<Cfg>(p, origin, 2, num_tiles, tid - 128, gi);
+      }
+      if (num_tiles > 2) {
+        ws_gather_tile<Cfg>(p, kv_rows, ss, origin, 2, tid - 128, gi);
+        ws_load_index<Cfg>(p, origin, 3, num_tiles, tid - 128, gi);
+      }
+    } else if constexpr (Cfg::kSparseFp8) {
       if (num_tiles > 0) ws_dequant_records<Cfg>(ss, 0, tid - 128);
       if (num_tiles > 1) {
         ws_gather_tile<Cfg>(p, kv_rows, ss, origin, 1, tid - 128, gi);
@@ -1897,10 +2001,20 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
       // Tile n + 1 into the stage of tile n - 1 once both P V warpgroups are past P V(n - 1) (its
       // records landed in the slot; tile n + 2's go there during P V(n)).
       if (n + 1 < num_tiles) {
-        if (n > 0) named_barrier_sync(kBarDequant, 256);
+        // (Crossover at n = 0 too: the barrier orders the gathering warps' valid bits of tile 1,
+        // which ws_dequant_half reads in other warps.)
+        if (n > 0 || Cfg::kCrossover) named_barrier_sync(kBarDequant, 256);
+        // Crossover: this CTA is done with stage (n + 1) % NS, which the peer may now fill.
+        if (Cfg::kCrossover && n > 0 && tid == 128) {
+          mbarrier_arrive_cluster(&ss.peer_free[(n + 1) % NS], cluster_cta_rank() ^ 1u);
+        }
         if (tid == 128) WsPhaseTrace::mark(n, 4);
         const int t = opaque(tid) - 128;
-        ws_dequant_records<Cfg>(ss, n + 1, t);
+        if constexpr (Cfg::kCrossover) {
+          ws_dequant_half<Cfg>(ss, n + 1, t);
+        } else {
+          ws_dequant_records<Cfg>(ss, n + 1, t);
+        }
         if (tid == 128) WsPhaseTrace::mark(n, 5);
       }
     } else if constexpr (Cfg::kSparse) {
@@ -1930,10 +2044,11 @@ __device__ __forceinline__ void ws_pv_warpgroup(const DecodeParams& p, Lens seql
         __syncwarp();  // reconverge before wgmma.wait (.aligned)
       }
       if constexpr (Cfg::kSparseFp8) {
-        if (n + 2 < num_tiles) {
+        constexpr int kAhead = Cfg::kCrossover ? 3 : 2;  // tiles gathered ahead of this P V
+        if (n + kAhead < num_tiles) {
           const int t = opaque(tid) - 128;
-          ws_gather_tile<Cfg>(p, kv_rows, ss, origin, n + 2, t, gi);
-          ws_load_index<Cfg>(p, origin, n + 3, num_tiles, t, gi);
+          ws_gather_tile<Cfg>(p, kv_rows, ss, origin, n + kAhead, t, gi);
+          ws_load_index<Cfg>(p, origin, n + kAhead + 1, num_tiles, t, gi);
         }
       }
     };
@@ -1982,7 +2097,13 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       if constexpr (Cfg::kEarlyRelease) mbarrier_init(&ss.stage_free[s], 12 * Cfg::CLUSTER_M);
       if constexpr (Cfg::kDequantInPv) mbarrier_init(&ss.kv_ready[s], 8);
     }
-    if constexpr (Cfg::kSparseFp8) mbarrier_init(&ss.landed, Cfg::BLOCK_N);
+    if constexpr (Cfg::kSparseFp8) {
+      for (int k = 0; k < Cfg::kRecordSlots; ++k) mbarrier_init(&ss.landed[k], Cfg::BLOCK_N);
+      if constexpr (Cfg::kCrossover) {
+        for (int k = 0; k < Cfg::kRecordSlots; ++k) mbarrier_init(&ss.slot_read[k], 8);
+        for (int s = 0; s < NS; ++s) mbarrier_init(&ss.peer_free[s], 1);
+      }
+    }
     ss.num_pending = 0;
     fence_barrier_init();
   }
