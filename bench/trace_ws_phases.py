@@ -15,6 +15,8 @@ CTA (WsPhaseTrace); this prints the median over those rows, in SM clocks:
        fp8:    deq    wait for tile n's bytes + V^T chunk 0 into registers   waitP  -> P(n) arrived
        pv      P V(n) (sparse: with the gather beside it; fp8: chunks 1-3's V^T loads between its wgmmas)
                                                                              loop   -> the next tile's start
+       sparse crossover, deq's parts: peer  the wait for the peer's stage (peer_free)  land  the
+       records' landing  conv  the conversion and the copies to the peer
        fp8, the refill by the producer (thread 128; page >= 64) beside P V(n): rel  P(n) arrived ->
        the stage released (stage_free), tma  -> its loads issued (block-table read, the TMA loads)
 and the tile period (WG0's wait start to the next one's). Needs >= 16 tiles per CTA (e.g. sparse 128 1 64,
@@ -72,8 +74,8 @@ def main() -> None:
     traced_calls(tables, flush, call, args.runs)
     rows = {r[0]: r[1:] for address, nbytes in tables for r in _read(address, nbytes)}
     complete = {i: r for i, r in rows.items() if all(r[:8])}
-    names = ("wait", "S", "smax", "soft", "slot", "store", "gap", "deq", "waitP", "pv", "loop", "rel", "tma",
-             "rest", "period")
+    names = ("wait", "S", "smax", "soft", "slot", "store", "gap", "deq", "peer", "land", "conv", "waitP", "pv",
+             "loop", "rel", "tma", "rest", "period")
     spans = {n: [] for n in names}
     for i, r in complete.items():
         spans["wait"].append(r[1] - r[0])
@@ -90,7 +92,11 @@ def main() -> None:
         if nxt:
             spans["gap"].append(nxt[0] - r[3])
             spans["loop"].append(nxt[4] - r[7])
-            if r[8] and r[9] and r[6] <= r[8] <= r[7]:   # (e4m3: the refill issued beside P V(n))
+            if r[8] and r[9] and r[4] <= r[8] <= r[9] <= r[5]:   # (sparse crossover: deq's parts)
+                spans["peer"].append(r[8] - r[4])
+                spans["land"].append(r[9] - r[8])
+                spans["conv"].append(r[5] - r[9])
+            elif r[8] and r[9] and r[6] <= r[8] <= r[7]:   # (e4m3: the refill issued beside P V(n))
                 spans["rel"].append(r[8] - r[6])
                 spans["tma"].append(r[9] - r[8])
             elif nxt[8] and nxt[9]:   # (the refill the next tile's loop issued)

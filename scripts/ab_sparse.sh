@@ -4,7 +4,8 @@
 # copy named (prepared under .prev/ by scripts/prepare_prev.sh; carry .prev and .whl).
 # Usage: scripts/ab_sparse.sh PKG...   (ratio in the tables: PKG's time / ours)
 # SKIP_SPARSE_TESTS=1 skips the tests; SANITIZE_K="pytest -k expression" picks the memcheck cases
-# (tests/test_gpu_sparse_decode.py), none by default; PREFILL_QUICK=1 runs the s_kv 32768 prefill rows only.
+# (tests/test_gpu_sparse_decode.py), none by default; PREFILL_QUICK=1 runs the s_kv 32768 prefill rows only;
+# TRACE_CASES="128,1,128 ..." traces the working tree's tiles after (bench/trace_ws_phases.py sparse B S_Q H_Q).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -25,4 +26,7 @@ for pkg in "$@"; do
   timeout 200 python3 bench/bench_sparse_decode.py --against-package "$pkg" 2>&1 | tail -n 16
   echo "== sparse prefill, ours against $pkg"
   timeout 200 python3 bench/bench_sparse_prefill.py ${PREFILL_QUICK:+--quick} --against-package "$pkg" 2>&1 | tail -n 16
+done
+for case in ${TRACE_CASES:-}; do
+  timeout 120 env PYTHONPATH=$PWD/bench:$PYTHONPATH python3 bench/trace_ws_phases.py sparse ${case//,/ } 2>&1 | tail -n 2
 done

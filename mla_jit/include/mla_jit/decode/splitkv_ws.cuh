@@ -199,6 +199,7 @@ struct WsCursor {
 // e4m3, the TMA producer (thread 128) at the refill it issues beside P V(n) (tile n + NS):
 // 8 the stage released (stage_free of tile n waited), 9 the tile's loads issued; WG0's thread 0:
 // 10 / 11 before / after its wait for P(n)'s slot (pv_done of tile n - 2), between 2 and 3.
+// Sparse crossover (thread 128, between 4 and 5): 8 past peer_free, 9 past the records' landing.
 struct WsPhaseTrace {
   static constexpr int kFirstTile = 8, kTiles = 8;
   __device__ __forceinline__ static void mark(int n, int event) {
@@ -1564,7 +1565,9 @@ __device__ __forceinline__ void ws_dequant_half(typename Cfg::SharedStorage& ss,
   const uint32_t flags = ld_shared_u32(smem_addr(ss.tile_valid + 2 * (m % Cfg::kFlagSlots) + rank));
   const bool valid = (flags >> lane) & 1u, rope_valid = (flags >> (rr - HALF * rank)) & 1u;
   if (m >= 2) mbarrier_wait(&ss.peer_free[s], ((m - 2) / 2) & 1);
+  if (t == 0) WsPhaseTrace::mark(m - 1, 8);
   mbarrier_wait(&ss.landed[k], (m / 2) & 1);
+  if (t == 0) WsPhaseTrace::mark(m - 1, 9);
   const uint32_t slot = smem_addr(ss.records[k]);
   const uint32_t src = valid ? slot + lane * R : smem_addr(ss.null_record);
   const uint32_t rope_src = rope_valid ? slot + (rr - HALF * rank) * R : smem_addr(ss.null_record);
