@@ -160,3 +160,24 @@ def test_closed_form_split_test_matches_the_greedy():
         _, num_splits = greedy_schedule([length] * rows, parts, 64, overhead)
         cut = any(num_splits[i + 1] - num_splits[i] > 1 for i in range(rows))
         assert splits_a_row(rows, length, parts, 64, overhead) == cut, (rows, length, parts, overhead)
+
+
+@pytest.mark.parametrize("resident,paired", [(66, True), (65, False)])
+def test_head_tile_pairs_fall_back_unpaired_when_not_all_resident(resident, paired, monkeypatch):
+    """128 heads on sm_90a: the two head tiles as cluster pairs (66 of them on 66 parts) when the GPU
+    keeps them all resident at once, else the unpaired kernel: no cluster, no second wave."""
+    from mla_jit.runtimes import decode_plan, sparse_decode_plan
+    monkeypatch.setattr(decode_plan, "read_global_int32", lambda binary, symbol, device: 1234)
+    monkeypatch.setattr(decode_plan, "_smem_bytes", {})
+    monkeypatch.setattr(decode_plan, "max_active_clusters", lambda kernel, grid, block, smem, cluster: resident)
+    family = registry.get("mla_sparse_sm90")
+    calls = []
+    monkeypatch.setattr(family, "binary", lambda cfg, arch: None)
+    monkeypatch.setattr(family, "kernel", lambda *a: None)
+    monkeypatch.setattr(family, "launcher", lambda *a, **k: calls.append((a, k)) or len(calls))
+    arch = ArchPair(parse_arch("sm_90a"), parse_arch("sm_90a"))
+    _, cfg = sparse_decode_plan.splitkv_launcher("fp8_records", 576, 64, 128, 66, arch, 0)
+    ((args, kwargs),) = calls
+    assert cfg.cluster_m == (2 if paired else 1) and args[0] == cfg
+    assert args[5:7] == ((66, 1, 2), (384, 1, 1))
+    assert kwargs["cluster"] == ((1, 1, 2) if paired else None) and kwargs["dynamic_smem"] == 1234

@@ -13,6 +13,8 @@ contract; the lazy FlashMLASchedMeta form is checked against the call).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..configs.decode import COMBINE_ROWS_PER_CTA, COMBINE_THREADS, accum_rows, metadata_config
@@ -24,7 +26,7 @@ from ..jit.launch import PTR, Blob
 from ..jit.stream import current_stream
 from . import registry, workspace
 from .decode import DECODE_PARAMS, METADATA_PARAMS
-from .decode_plan import METADATA_SIZE, _LOG2E, _kernel_smem
+from .decode_plan import METADATA_SIZE, _LOG2E, _clusters_fit, _kernel_smem
 from .decode_schedule import splits_a_row
 from .device import num_sms as _num_sms, smem_per_sm as _smem_per_sm
 
@@ -50,13 +52,18 @@ def sm_parts_for(device_index: int, h_q: int, cfg: Sm80DecodeConfig | SparseWsCo
 def splitkv_launcher(kv: str, head_dim: int, page_size: int, h_q: int, parts: int, arch: ArchPair,
                      device_index: int):
     """The split-KV launch over `kv` tokens for h_q heads on `parts` SM parts (grid (parts, 1, head
-    tiles)), and its config."""
+    tiles)), and its config: cluster pairs of head tiles where the config asks for them and the GPU
+    keeps every pair resident at once, else the unpaired kernel (a second wave of pairs would cost
+    more than the pairing saves)."""
     cfg = sparse_config(kv, head_dim, page_size, arch.tuning, h_q)
     family = registry.get(family_of(cfg))
-    launch = family.launcher(cfg, arch, family.SPLITKV, device_index, (Blob(DECODE_PARAMS.size), PTR),
-                             (parts, 1, -(-h_q // cfg.block_m)), (cfg.num_threads, 1, 1),
-                             dynamic_smem=_kernel_smem(family, cfg, arch, device_index),
-                             cluster=cfg.cluster)
+    grid, block = (parts, 1, -(-h_q // cfg.block_m)), (cfg.num_threads, 1, 1)
+    smem = _kernel_smem(family, cfg, arch, device_index)
+    if cfg.cluster is not None and not _clusters_fit(family, cfg, arch, device_index, grid, block, smem):
+        cfg = dataclasses.replace(cfg, cluster_m=1)
+        smem = _kernel_smem(family, cfg, arch, device_index)
+    launch = family.launcher(cfg, arch, family.SPLITKV, device_index, (Blob(DECODE_PARAMS.size), PTR), grid, block,
+                             dynamic_smem=smem, cluster=cfg.cluster)
     return launch, cfg
 
 
