@@ -162,11 +162,15 @@ def test_closed_form_split_test_matches_the_greedy():
         assert splits_a_row(rows, length, parts, 64, overhead) == cut, (rows, length, parts, overhead)
 
 
-@pytest.mark.parametrize("resident,paired", [(66, True), (65, False)])
-def test_head_tile_pairs_fall_back_unpaired_when_not_all_resident(resident, paired, monkeypatch):
+@pytest.mark.parametrize("resident,choice,paired", [(66, "auto", True), (65, "auto", False), (66, "1", False),
+                                                    (66, "2", True)])
+def test_head_tile_pairs_fall_back_unpaired_when_not_all_resident(resident, choice, paired, monkeypatch):
     """128 heads on sm_90a: the two head tiles as cluster pairs (66 of them on 66 parts) when the GPU
-    keeps them all resident at once, else the unpaired kernel: no cluster, no second wave."""
+    keeps them all resident at once and MLA_JIT_SM90_CLUSTER allows, else the unpaired kernel: no
+    cluster, no second wave. Prewarm builds what the plan picks."""
+    from mla_jit.presets import PRESETS
     from mla_jit.runtimes import decode_plan, sparse_decode_plan
+    monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", choice)
     monkeypatch.setattr(decode_plan, "read_global_int32", lambda binary, symbol, device: 1234)
     monkeypatch.setattr(decode_plan, "_smem_bytes", {})
     monkeypatch.setattr(decode_plan, "max_active_clusters", lambda kernel, grid, block, smem, cluster: resident)
@@ -181,3 +185,7 @@ def test_head_tile_pairs_fall_back_unpaired_when_not_all_resident(resident, pair
     assert cfg.cluster_m == (2 if paired else 1) and args[0] == cfg
     assert args[5:7] == ((66, 1, 2), (384, 1, 1))
     assert kwargs["cluster"] == ((1, 1, 2) if paired else None) and kwargs["dynamic_smem"] == 1234
+    v32 = [p for p in PRESETS.values() if p.indexer_heads and p.head_dim == 576 and p.num_heads_q == 128]
+    assert v32, "a 128-head preset with DeepSeek sparse attention"
+    warm = {c.cluster_m for c in family.prewarm_configs(parse_arch("sm_90a"), v32) if c.sparse == "fp8_records"}
+    assert warm == ({2} if choice != "1" else {1})

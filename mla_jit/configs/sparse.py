@@ -124,14 +124,15 @@ def _tiles(arch: Arch, head_dim: int, kv: str, h_q: int) -> tuple[int, int, int,
 
 
 @functools.lru_cache(maxsize=None)
-def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch,
-                  h_q: int = BLOCK_M) -> Sm80DecodeConfig | SparseWsConfig | SparseNarrowConfig:
+def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch, h_q: int = BLOCK_M,
+                  pairs: bool = True) -> Sm80DecodeConfig | SparseWsConfig | SparseNarrowConfig:
     """The kernel over `kv` tokens (FP8_RECORDS in pages of page_size, or BF16_ROWS of head_dim) for
     h_q query heads: on sm_90a the narrow kernel for FP8 records up to NARROW_MAX_HEADS heads (8- or
     16-head CTAs), else the wide wgmma kernel; elsewhere the mma.sync kernel's tiles. bf16 rows take
     the wide kernel below 64 heads too (a tile of 8 or 16 heads is mostly padding, as in FlashMLA): at
     16 heads it took 0.74-0.84x the time of the mma.sync kernel's 16-row tiles (H200, session 27).
-    FP8 records over two head tiles (65-128 heads) run as cluster pairs sharing each tile's
+    FP8 records over two head tiles (65-128 heads) run as cluster pairs (unless `pairs` is False:
+    MLA_JIT_SM90_CLUSTER=1) sharing each tile's
     de-quantization (bulk copies between the pair's shared memories, half-tile record slots gathered 3
     tiles ahead): 1.10x the unpaired kernel at 128 heads s_q 1-2, 1.07x on the FP8-cache prefill
     (H200, bench/NOTES.md session 41; session 26's st.async pairs lost, 0.85x, session 27)."""
@@ -140,7 +141,7 @@ def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch,
             return SparseWsConfig(head_dim, 3)
         if h_q <= NARROW_MAX_HEADS:
             return SparseNarrowConfig(8 if h_q <= 8 else 16, 2, page_size)
-        pair = 2 if -(-h_q // SparseWsConfig.block_m) == 2 else 1
+        pair = 2 if pairs and -(-h_q // SparseWsConfig.block_m) == 2 else 1
         return SparseWsConfig(HEAD_DIM, 2, kv, page_size, cluster_m=pair)
     page = page_size if kv == FP8_RECORDS else _ROWS_PAGE
     block_m, block_n, stages, warps = _tiles(arch, head_dim, kv, h_q)

@@ -166,7 +166,8 @@ def _sparse_prewarm(arch: Arch, presets: list[Preset]) -> list:
     GLM-5): the FP8 records at their cache's page size (decode, and prefill over the cache), and the
     prefill's bf16 rows."""
     sparse = [p for p in presets if p.indexer_heads and p.head_dim in PREFILL_HEAD_DIMS]
-    configs = [sparse_config(FP8_RECORDS, 576, p.page_size, arch, p.num_heads_q) for p in sparse
+    pairs = env.choice(CLUSTER_ENV.name) != "1"   # (as the plans choose)
+    configs = [sparse_config(FP8_RECORDS, 576, p.page_size, arch, p.num_heads_q, pairs) for p in sparse
                if p.head_dim == 576]
     configs += [sparse_config(BF16_ROWS, p.head_dim, 64, arch, p.num_heads_q) for p in sparse]
     return list(dict.fromkeys(configs))
