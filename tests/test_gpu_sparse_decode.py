@@ -85,8 +85,8 @@ def test_sparse_decode_matches_reference(case):
 
 # 128 heads (and 100: a partial second tile) on sm_90a: two 64-head tiles walking the same tokens,
 # with invalid indices and topk_length in both halves, small pages, empty rows, all-invalid rows.
-# They run as a cluster pair sharing each tile's de-quantization: walks of 1, 2 and 3 tiles (the
-# pipeline's prologue), 65 heads (one real head in the second tile), float32 scales.
+# With MLA_JIT_SM90_CLUSTER=2 they run as a cluster pair sharing each tile's de-quantization: walks of
+# 1, 2 and 3 tiles (the pipeline's prologue), 65 heads (one real head in the second tile), float32 scales.
 _TWO_HEAD_TILES = [SparseCase(3, 2, 128, 512, page=16, invalid=0.5, topk_length=True, sink=True),
            SparseCase(4, 1, 100, 320, topk_length=True, zero_lengths=True),
            SparseCase(2, 1, 128, 256, invalid=1.0),
@@ -94,8 +94,10 @@ _TWO_HEAD_TILES = [SparseCase(3, 2, 128, 512, page=16, invalid=0.5, topk_length=
            SparseCase(5, 1, 96, 192, pow2_scales=False, sink=True)]
 
 
+@pytest.mark.parametrize("cluster", ["auto", "2"])   # 2: the pairs (configs/sparse.py head_tile_pairs)
 @pytest.mark.parametrize("case", _TWO_HEAD_TILES, ids=str)
-def test_sparse_decode_two_head_tiles(case):
+def test_sparse_decode_two_head_tiles(case, cluster, monkeypatch):
+    monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", cluster)
     _check(case)
 
 
@@ -137,8 +139,9 @@ def test_sparse_decode_schedule_tensors():
     _check(SparseCase(3, 2, 32, 256, topk_length=True, sink=True), api="tensors")
 
 
-@pytest.mark.parametrize("h_q", [16, 64, 128])   # on Hopper the wgmma kernel
-def test_sparse_decode_graph_replay_with_new_indices(h_q):
+@pytest.mark.parametrize("h_q,cluster", [(16, "auto"), (64, "auto"), (128, "auto"), (128, "2")])
+def test_sparse_decode_graph_replay_with_new_indices(h_q, cluster, monkeypatch):
+    monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", cluster)   # 2: 128 heads as cluster pairs
     case = SparseCase(4, 2, h_q, 256, topk_length=True, sink=True)
     q, records, deq, indices, topk_length, attn_sink = make_sparse_inputs(case, seed=5)
     stream = torch.cuda.Stream()

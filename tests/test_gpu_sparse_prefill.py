@@ -176,6 +176,15 @@ def test_sparse_prefill_fp8_records(case):
     _check_records(case)
 
 
+# 128 heads over the FP8 cache as cluster pairs (MLA_JIT_SM90_CLUSTER=2, configs/sparse.py head_tile_pairs).
+@pytest.mark.parametrize("case", [SparseCase(40, 1, 128, 2048, sink=True),
+                                  SparseCase(17, 1, 100, 448, page=16, invalid=0.5, topk_length=True, zero_lengths=True)],
+                         ids=str)
+def test_sparse_prefill_fp8_records_head_tile_pairs(case, monkeypatch):
+    monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", "2")
+    _check_records(case)
+
+
 @pytest.mark.parametrize("tuning", ["sm_80", "sm_89"])
 def test_sparse_prefill_fp8_records_ampere_ada(tuning, monkeypatch):
     _check_records(SparseCase(10, 1, 32, 512, topk_length=True, sink=True), tuning, monkeypatch)

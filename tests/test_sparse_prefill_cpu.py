@@ -137,7 +137,8 @@ def test_plan_packs_a_whole_rows_schedule_and_max_logits(monkeypatch):
     assert len(plan.splitkv.launches) == 1   # no tokens: nothing launched
 
 
-def test_prewarm_lists_the_prefill_kernels():
+def test_prewarm_lists_the_prefill_kernels(monkeypatch):
+    monkeypatch.delenv("MLA_JIT_SM90_CLUSTER", raising=False)
     family = registry.get("mla_sparse_decode")
     v32 = [p for p in PRESETS.values() if p.indexer_heads and p.head_dim == 576]
     assert v32, "a preset with DeepSeek sparse attention"
@@ -146,11 +147,17 @@ def test_prewarm_lists_the_prefill_kernels():
     # the kernels of the presets' head counts (128 / 64 / 32 / 16 heads at TP 1 / 2 / 4 / 8): on Ada
     # 16-row tiles (FP8 records; bf16 rows at 16 heads) and 32-row ones (bf16 rows above)
     assert {c.block_m for c in configs} == {16, 32}
-    # Hopper: the wgmma kernel above 16 heads (at 128 heads as cluster pairs) and for bf16 rows
+    # Hopper: the wgmma kernel above 16 heads and for bf16 rows; at 128 heads as cluster pairs only
+    # with MLA_JIT_SM90_CLUSTER=2 (configs/sparse.py head_tile_pairs)
     assert family.prewarm_configs(parse_arch("sm_90a"), v32) == []
-    assert set(registry.get("mla_sparse_sm90").prewarm_configs(parse_arch("sm_90a"), v32)) == {
+    wide = registry.get("mla_sparse_sm90")
+    assert set(wide.prewarm_configs(parse_arch("sm_90a"), v32)) == {
+        SparseWsConfig(576, 2, FP8_RECORDS, 64), SparseWsConfig(576, 3)}
+    monkeypatch.setenv("MLA_JIT_SM90_CLUSTER", "2")
+    assert set(wide.prewarm_configs(parse_arch("sm_90a"), v32)) == {
         SparseWsConfig(576, 2, FP8_RECORDS, 64), SparseWsConfig(576, 2, FP8_RECORDS, 64, cluster_m=2),
         SparseWsConfig(576, 3)}
+    monkeypatch.delenv("MLA_JIT_SM90_CLUSTER")
     # (16 heads at TP 8: the narrow kernel)
     assert set(registry.get("mla_sparse_narrow_sm90").prewarm_configs(parse_arch("sm_90a"), v32)) == {
         SparseNarrowConfig(16, 2, 64)}

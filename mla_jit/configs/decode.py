@@ -20,10 +20,10 @@ SCHEDULE_ENV = env.declare(
 CLUSTER_ENV = env.declare(
     "MLA_JIT_SM90_CLUSTER", "auto",
     "Row tiles per thread block cluster of the Hopper `ws` kernels, which then load each KV tile once per "
-    "cluster (TMA multicast; the sparse decode over FP8 records: the two head tiles of 65-128 heads share "
-    "each tile's de-quantization): `auto` or `2` (2 where the row tiles are even, else 1) or `1`. A "
-    "clustered launch falls back to none when the GPU cannot keep every cluster resident at once "
-    "(cuOccupancyMaxActiveClusters).",
+    "cluster (TMA multicast): `auto` or `2` (2 where the row tiles are even, else 1) or `1`. `2` also "
+    "pairs the sparse decode's two head tiles (65-128 heads, FP8 records) so that they share each tile's "
+    "de-quantization (experimental: `auto` leaves them unpaired). A clustered launch falls back to none "
+    "when the GPU cannot keep every cluster resident at once (cuOccupancyMaxActiveClusters).",
     choices=("auto", "1", "2"), owner=__name__)
 BLOCK_M = 64           # query rows (s_q * heads per KV head) per CTA tile
 BLOCK_N = 64           # KV tokens per pipeline stage

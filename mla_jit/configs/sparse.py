@@ -123,6 +123,14 @@ def _tiles(arch: Arch, head_dim: int, kv: str, h_q: int) -> tuple[int, int, int,
     return 64, 32, 2, 8
 
 
+def head_tile_pairs(cluster_choice: str) -> bool:
+    """Whether FP8 records over two head tiles run as cluster pairs, for the MLA_JIT_SM90_CLUSTER
+    choice: only with "2" for now. The pair kernel's ordering fix for its rope-row copies (found by a
+    review after its GPU run, bench/NOTES.md session 41) is built but not yet run on a GPU; "auto"
+    keeps the unpaired kernel until it is."""
+    return cluster_choice == "2"
+
+
 @functools.lru_cache(maxsize=None)
 def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch, h_q: int = BLOCK_M,
                   pairs: bool = True) -> Sm80DecodeConfig | SparseWsConfig | SparseNarrowConfig:
@@ -131,11 +139,11 @@ def sparse_config(kv: str, head_dim: int, page_size: int, arch: Arch, h_q: int =
     16-head CTAs), else the wide wgmma kernel; elsewhere the mma.sync kernel's tiles. bf16 rows take
     the wide kernel below 64 heads too (a tile of 8 or 16 heads is mostly padding, as in FlashMLA): at
     16 heads it took 0.74-0.84x the time of the mma.sync kernel's 16-row tiles (H200, session 27).
-    FP8 records over two head tiles (65-128 heads) run as cluster pairs (unless `pairs` is False:
-    MLA_JIT_SM90_CLUSTER=1) sharing each tile's
-    de-quantization (bulk copies between the pair's shared memories, half-tile record slots gathered 3
-    tiles ahead): 1.10x the unpaired kernel at 128 heads s_q 1-2, 1.07x on the FP8-cache prefill
-    (H200, bench/NOTES.md session 41; session 26's st.async pairs lost, 0.85x, session 27)."""
+    FP8 records over two head tiles (65-128 heads) run as cluster pairs with `pairs` (head_tile_pairs)
+    sharing each tile's de-quantization (bulk copies between the pair's shared memories, half-tile
+    record slots gathered 3 tiles ahead): 1.10x the unpaired kernel at 128 heads s_q 1-2, 1.07x on the
+    FP8-cache prefill (H200, bench/NOTES.md session 41; session 26's st.async pairs lost, 0.85x).
+    The default (`pairs` True) is the pure function's; the plans pass head_tile_pairs' choice."""
     if arch.name == "sm_90a":
         if kv == BF16_ROWS:
             return SparseWsConfig(head_dim, 3)

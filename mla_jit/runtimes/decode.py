@@ -10,7 +10,7 @@ from ..configs.decode import (BLOCK_M, CLUSTER_ENV, S_HALVES_MIN_ROWS, SCHEDULE_
                               out_dtype_of)
 from ..configs.decode_sm80 import Sm80DecodeConfig, sm80_decode_config
 from ..configs.sparse import (BF16_ROWS, FP8_RECORDS, PREFILL_HEAD_DIMS, SparseNarrowConfig, SparseWsConfig, family_of,
-                              sparse_config)
+                              head_tile_pairs, sparse_config)
 from ..dtypes import cpp_type
 from ..jit import env
 from ..jit.arch import Arch, ArchPair
@@ -166,7 +166,7 @@ def _sparse_prewarm(arch: Arch, presets: list[Preset]) -> list:
     GLM-5): the FP8 records at their cache's page size (decode, and prefill over the cache), and the
     prefill's bf16 rows."""
     sparse = [p for p in presets if p.indexer_heads and p.head_dim in PREFILL_HEAD_DIMS]
-    pairs = env.choice(CLUSTER_ENV.name) != "1"   # (as the plans choose)
+    pairs = head_tile_pairs(env.choice(CLUSTER_ENV.name))   # (as the plans choose)
     configs = [sparse_config(FP8_RECORDS, 576, p.page_size, arch, p.num_heads_q, pairs) for p in sparse
                if p.head_dim == 576]
     configs += [sparse_config(BF16_ROWS, p.head_dim, 64, arch, p.num_heads_q) for p in sparse]

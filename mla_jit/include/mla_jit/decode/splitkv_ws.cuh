@@ -143,7 +143,9 @@
 //   which complete on the peer's kv_ready (8 local arrivals expecting the peer's 36 KB). Half-tile
 //   record slots (2, slot_read frees one) let the gather run 3 tiles ahead. A stage is rewritten
 //   once both CTAs are past its previous tile: the named barrier here, peer_free (thread 128's
-//   arrival from the peer) there. Session 26's crossover (st.async a thread, the peer's valid bits,
+//   arrival from the peer) there. WG0 stores P(n) over the rope rows (kPInRope), a source of this
+//   CTA's copies of tile n: it waits copy_landed (the peer's WG0 saw tile n complete) first, and the
+//   P V warps wait kv_ready themselves for the peer's bytes (async proxy) besides WG0's P. Session 26's crossover (st.async a thread, the peer's valid bits,
 //   one slot) lost to the unpaired kernel once records came by bulk copies (bench/NOTES.md).
 //
 // Code: mla_splitkv_ws_body (barrier setup, role dispatch, the fused combine's step 2) runs
@@ -578,6 +580,10 @@ struct SplitKVWsConfig : Sm90DecodeTiles<Element_, HEAD_DIM_, HEAD_DIM_V_, PAGE_
     // warpgroups are past their use of stage s (one arrival from the peer: this CTA may write it).
     uint64_t slot_read[kRecordSlots];
     uint64_t peer_free[NUM_STAGES];
+    // Crossover: the peer's WG0 has seen stage s's tile complete, so this CTA's copies of its half
+    // have read their source: WG0 waits it before P(n) overwrites the rope rows (kPInRope), one of
+    // the copies' sources. One arrival from the peer a tile.
+    uint64_t copy_landed[NUM_STAGES];
   };
   struct SharedStorage
       : cute::conditional_t<kKvFp8, LandingSlots, cute::conditional_t<kSparseFp8, RecordSlot, NoLandingSlots>> {
@@ -966,6 +972,10 @@ __device__ __forceinline__ void ws_issue_s(typename Cfg::SharedStorage& ss, WsSo
   // KV_FP8: the P V warpgroups de-quantized the tile (tail rows zeroed there).
   mbarrier_wait(Cfg::kDequantInPv ? &ss.kv_ready[stage] : &ss.full[stage], (n / NS) & 1);
   if ((Cfg::kSparse || Cfg::kFp8) && tw == 0) WsPhaseTrace::mark(n, 1);
+  // Crossover: the peer's half of tile n has landed here (its copies are done reading their source).
+  if constexpr (Cfg::kCrossover) {
+    if (tw == 0) mbarrier_arrive_cluster(&ss.copy_landed[stage], cluster_cta_rank() ^ 1u);
+  }
   // bf16 rows: the gather's cp.async bytes (generic proxy) are read by wgmma (async proxy).
   if constexpr (Cfg::kSparse && !Cfg::kSparseFp8) fence_proxy_async_shared();
   if (n == 0 && tw == 0) MLA_JIT_TRACE_TIME(mla_jit_trace_splitkv, kTraceTile0);
@@ -1353,6 +1363,9 @@ __device__ __forceinline__ void ws_softmax_warpgroup(const DecodeParams& p, Lens
       if (n >= kSlots) mbarrier_wait(&ss.pv_done[(n - kSlots) % NS], ((n - kSlots) / NS) & 1);
       if (tw == 0) WsPhaseTrace::mark(n, 11);
     }
+    // Crossover: P(n) goes over the stage's rope rows, which this CTA's copies of tile n read; the
+    // peer's arrival says they landed (it comes once the peer's S(n) may start: rarely a wait).
+    if constexpr (Cfg::kCrossover) mbarrier_wait(&ss.copy_landed[stage], (n / NS) & 1);
     ws_store_p<Cfg>(ss, st, tw, row0, stage, sc, fin, last, n);
 
     if constexpr (Cfg::kFusedCombine) {
@@ -1634,6 +1647,9 @@ __device__ __forceinline__ WsTileInfo ws_pv_tile(typename Cfg::SharedStorage& ss
   // Complete already (WG0 waited it): TMA bytes visible. KV_FP8: not waited (ws_dequant_tile did;
   // the slot may already hold tile n + NS, its barrier a phase further on, the parity back).
   if constexpr (!Cfg::kDequantInPv) mbarrier_wait(&ss.full[stage], phase);
+  // Crossover: half of V came from the peer by bulk copies (async proxy): their completion observed
+  // here too, not only through WG0 (complete already; phase n + 2 cannot begin before this P V).
+  if constexpr (Cfg::kCrossover) mbarrier_wait(&ss.kv_ready[stage], phase);
   if constexpr (Cfg::kSparse && !Cfg::kSparseFp8) fence_proxy_async_shared();  // cp.async bytes, read by wgmma
   const float sc0 = ss.row_scale[stage][row0], sc1 = ss.row_scale[stage][row0 + 8];
   // Lazy rescaling makes the scale exactly 1 on most tiles; a piece's first tile overwrites O.
@@ -2104,7 +2120,10 @@ __device__ __forceinline__ void mla_splitkv_ws_body(const DecodeParams& p, const
       for (int k = 0; k < Cfg::kRecordSlots; ++k) mbarrier_init(&ss.landed[k], Cfg::BLOCK_N);
       if constexpr (Cfg::kCrossover) {
         for (int k = 0; k < Cfg::kRecordSlots; ++k) mbarrier_init(&ss.slot_read[k], 8);
-        for (int s = 0; s < NS; ++s) mbarrier_init(&ss.peer_free[s], 1);
+        for (int s = 0; s < NS; ++s) {
+          mbarrier_init(&ss.peer_free[s], 1);
+          mbarrier_init(&ss.copy_landed[s], 1);
+        }
       }
     }
     ss.num_pending = 0;
