@@ -4,9 +4,12 @@ H200 (../shared/ANCHORS.md; at h_q 8 / 16 / 32 FlashMLA pads to 64 heads, so its
 FLOPs as FlashMLA's test counts them: 2 * b * s_q * h_q * topk * (576 + 512); bytes: the records read
 (656 a selected token), q, out and the indices.
 
-    python bench/bench_sparse_decode.py [--arch sm_80|sm_89] [--against-package mla_jit_prev] [--json out.json]
+    python bench/bench_sparse_decode.py [--arch sm_80|sm_89] [--against-package mla_jit_prev | --against-env NAME=VALUE]
+                                        [--json out.json]
 
---against-package: another copy of the package (scripts/prepare_prev.sh) timed call by call with this one.
+--against-package: another copy of the package (scripts/prepare_prev.sh) timed call by call with this one;
+--against-env: this package again with an environment setting (e.g. MLA_JIT_SM90_CLUSTER=1: the head-tile
+pairs against the unpaired kernel), switched between the calls.
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ import sys
 import torch
 
 import mla_jit
-from timing import time_interleaved  # noqa: E402  (bench/ is sys.path[0])
+from bench_decode import _env_setter  # noqa: E402  (bench/ is sys.path[0])
+from timing import time_interleaved  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from sparse_inputs import SparseCase, make_sparse_inputs  # noqa: E402
@@ -41,12 +45,22 @@ def sparse_call(b: int, s_q: int, h_q: int, topk: int, s_k: int = S_K):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--arch", help="tuning forced through MLA_JIT_ARCH (e.g. sm_80, sm_89)")
-    parser.add_argument("--against-package", help="a second copy of the package, timed interleaved")
+    contender = parser.add_mutually_exclusive_group()
+    contender.add_argument("--against-package", help="a second copy of the package, timed interleaved")
+    contender.add_argument("--against-env", metavar="NAME=VALUE",
+                           help="this package with an environment setting, timed interleaved")
     parser.add_argument("--json")
     args = parser.parse_args()
-    other = importlib.import_module(args.against_package) if args.against_package else None
     if args.arch:
         os.environ["MLA_JIT_ARCH"] = args.arch
+    other = importlib.import_module(args.against_package) if args.against_package else None
+    setups = [lambda: None, lambda: None]
+    if args.against_env:
+        name, sep, value = args.against_env.partition("=")
+        if not sep or not name:
+            parser.error("--against-env expects NAME=VALUE")
+        setups = [_env_setter({name: os.environ.get(name)}), _env_setter({name: value})]
+        other = mla_jit
     flush = torch.empty(8 << 30, dtype=torch.uint8, device="cuda")
     results = []
     print(f"{'b':>4} {'s_q':>3} {'h_q':>4} {'us':>8} {'TFLOPS':>7} {'GB/s':>6} {'FlashMLA us':>11} {'ratio':>6}"
@@ -55,11 +69,14 @@ def main() -> None:
         case = SparseCase(b, s_q, h_q, TOPK, s_k=S_K, invalid=0.0)
         q, records, _, indices, _, _ = make_sparse_inputs(case)
         sink = torch.zeros(h_q, device="cuda")  # FlashMLA's figures were taken with the sink on
-        def caller(pkg):
+        def caller(pkg, setup):
+            setup()   # (the schedule object is filled on the first call: under the variant's settings)
             sched, _ = pkg.get_mla_metadata()
             return lambda: pkg.flash_mla_with_kvcache(q, records, None, None, 512, sched, None, is_fp8_kvcache=True,
                                                       indices=indices, attn_sink=sink)
-        variants = [(lambda: None, caller(mla_jit))] + ([(lambda: None, caller(other))] if other else [])
+        variants = [(setups[0], caller(mla_jit, setups[0]))]
+        if other:
+            variants.append((setups[1], caller(other, setups[1])))
         us, *other_us = time_interleaved(variants, flush)
         flop = 2 * b * s_q * h_q * TOPK * (576 + 512)
         nbytes = b * s_q * TOPK * (656 + 4) + b * s_q * h_q * (576 + 512) * 2
