@@ -19,8 +19,8 @@ import torch
 
 from ..configs.decode import CLUSTER_ENV, COMBINE_ROWS_PER_CTA, COMBINE_THREADS, accum_rows, metadata_config
 from ..configs.decode_sm80 import Sm80DecodeConfig
-from ..configs.sparse import (FP8_RECORDS, HEAD_DIM, HEAD_DIM_V, ctas_per_sm, family_of, head_tile_pairs, num_sm_parts,
-                              SparseWsConfig, sparse_config)
+from ..configs.sparse import (FP8_RECORDS, HEAD_DIM, HEAD_DIM_V, ctas_per_sm, family_of, head_tile_pairs,
+                              num_sm_parts, SparseWsConfig, sparse_config)
 from ..jit import env
 from ..jit.arch import ArchPair, resolve_for_device
 from ..jit.launch import PTR, Blob
@@ -53,10 +53,11 @@ def sm_parts_for(device_index: int, h_q: int, cfg: Sm80DecodeConfig | SparseWsCo
 def splitkv_launcher(kv: str, head_dim: int, page_size: int, h_q: int, parts: int, arch: ArchPair,
                      device_index: int):
     """The split-KV launch over `kv` tokens for h_q heads on `parts` SM parts (grid (parts, 1, head
-    tiles)), and its config: cluster pairs of head tiles where the config asks for them
-    (head_tile_pairs) and the GPU keeps every pair resident at once, else the unpaired kernel (a second wave of pairs would cost
-    more than the pairing saves)."""
-    cfg = sparse_config(kv, head_dim, page_size, arch.tuning, h_q, pairs=head_tile_pairs(env.choice(CLUSTER_ENV.name)))
+    tiles)), and its config: cluster pairs of head tiles where head_tile_pairs allows them and the GPU
+    keeps every pair resident at once, else the unpaired kernel (a second wave of pairs would cost more
+    than the pairing saves)."""
+    pairs = head_tile_pairs(env.choice(CLUSTER_ENV.name))
+    cfg = sparse_config(kv, head_dim, page_size, arch.tuning, h_q, pairs)
     family = registry.get(family_of(cfg))
     grid, block = (parts, 1, -(-h_q // cfg.block_m)), (cfg.num_threads, 1, 1)
     smem = _kernel_smem(family, cfg, arch, device_index)

@@ -1514,6 +1514,13 @@ __device__ __forceinline__ void ws_gather_tile(const DecodeParams& p, const void
   }
 }
 
+// The two e4m3 of w's low 16 bits times their record scale, as bf16x2: each product in float32 and
+// rounded once, as the float32 reference de-quantizes.
+__device__ __forceinline__ uint32_t ws_scaled_e4m3x2(uint32_t w, float scale) {
+  const float2 f = e4m3x2_to_float2(w);
+  return ElemTraits<cutlass::bfloat16_t>::pack2(f.x * scale, f.y * scale);
+}
+
 // FP8 records: thread t's quarter of tile m (ws_gather_slot) into stage m % NS as bf16, once the
 // tile's records have landed, each value times its 128-value scale in float32 and rounded once (as
 // the float32 reference does), in the TMA's SW128 layout; the rope copied; an invalid token's quarter
@@ -1532,10 +1539,7 @@ __device__ __forceinline__ void ws_dequant_records(typename Cfg::SharedStorage& 
   auto chunk_addr = [&](int c) { return dst + sw128_offset<BN>(r, 8 * c); };  // columns 8 c .. 8 c + 7
   using Rec = typename Cfg::Record;
   const float scale = ld_shared_f32(src + Rec::kScaleOffset + 4 * q);  // one per quarter (kValuesPerScale values)
-  auto cvt = [&](uint32_t w) {  // the two e4m3 of w's low 16 bits, scaled, as bf16x2
-    const float2 f = e4m3x2_to_float2(w);
-    return ElemTraits<cutlass::bfloat16_t>::pack2(f.x * scale, f.y * scale);
-  };
+  auto cvt = [&](uint32_t w) { return ws_scaled_e4m3x2(w, scale); };
 #pragma unroll 1
   for (int k = 0; k < 8; ++k) {
     const uint4 x = ld_shared_v4(src + q * Rec::kValuesPerScale + k * 16);
@@ -1586,10 +1590,7 @@ __device__ __forceinline__ void ws_dequant_half(typename Cfg::SharedStorage& ss,
   const uint32_t rope_src = rope_valid ? slot + (rr - HALF * rank) * R : smem_addr(ss.null_record);
   const uint32_t dst = smem_addr(ss.kv[s]);
   const float scale = ld_shared_f32(src + Rec::kScaleOffset + 4 * (w / 2));
-  auto cvt = [&](uint32_t x) {  // the two e4m3 of x's low 16 bits, scaled, as bf16x2
-    const float2 f = e4m3x2_to_float2(x);
-    return ElemTraits<cutlass::bfloat16_t>::pack2(f.x * scale, f.y * scale);
-  };
+  auto cvt = [&](uint32_t x) { return ws_scaled_e4m3x2(x, scale); };
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const uint4 x = ld_shared_v4(src + 64 * w + 16 * j);
